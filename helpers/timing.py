@@ -1,0 +1,173 @@
+"""The one benchmark function every chapter uses (chapter 1).
+
+It warms up, synchronises the device, repeats, and reports the median and the spread.
+On CPU and MPS it runs ``torch.utils.benchmark.Timer`` with the real thread count (the
+Timer's own default is ONE thread) and a timer that synchronises the device; on CUDA it
+times blocks of calls with CUDA events. Either way the result is a
+``torch.utils.benchmark.Measurement``, summarised as a :class:`BenchResult`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils import benchmark as tbench
+
+from helpers.devices import resolve_device, synchronize
+
+
+def format_seconds(seconds: float) -> str:
+    """1.5e-05 -> '15.0 µs', picking ns/µs/ms/s (chapter 1)."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}" if unit != "s" else f"{seconds:.3g} s"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+@dataclass
+class BenchResult:
+    """Median and spread of repeated timings of one function, in seconds per call (chapter 1)."""
+
+    label: str
+    median: float
+    iqr: float
+    times: list[float]
+    number_per_run: int
+    num_threads: int
+    device: str
+    method: str
+
+    @property
+    def repeats(self) -> int:
+        """How many timed blocks the statistics come from (chapter 1)."""
+        return len(self.times)
+
+    @property
+    def spread(self) -> float:
+        """Relative spread: IQR divided by the median (chapter 1)."""
+        return self.iqr / self.median if self.median > 0 else float("nan")
+
+    def rate(self, work: float) -> float:
+        """`work` units per second at the median time, e.g. FLOP/s or samples/s (chapter 1)."""
+        return work / self.median
+
+    def __str__(self) -> str:
+        return (
+            f"{self.label or 'benchmark'}: median {format_seconds(self.median)} per call, "
+            f"IQR {format_seconds(self.iqr)} ({self.repeats} blocks of {self.number_per_run}, "
+            f"{self.num_threads} thread(s), {self.device}, {self.method})"
+        )
+
+    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
+        p.text(str(self))
+
+
+def _sync_timer(device: torch.device) -> Callable[[], float]:
+    """A clock that first waits for queued work on `device` (chapter 1)."""
+
+    def timer() -> float:
+        synchronize(device)
+        return time.perf_counter()
+
+    return timer
+
+
+def _check_timing_args(warmup: int, min_run_time: float, min_repeats: int) -> None:
+    """Reject arguments that cannot give a measurement (chapter 1)."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}.")
+    if not isinstance(min_run_time, (int, float)) or not min_run_time > 0:
+        raise ValueError(
+            f"min_run_time must be a positive number of seconds, got {min_run_time!r}."
+        )
+    if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 1:
+        raise ValueError(f"min_repeats must be a whole number >= 1, got {min_repeats!r}.")
+
+
+def _cuda_measurement(
+    call: Callable[[], object],
+    device: torch.device,
+    min_run_time: float,
+    min_repeats: int,
+    label: str,
+) -> tbench.Measurement:
+    """Time blocks of calls between CUDA events until enough time and blocks are collected (chapter 1)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    one = max(start.elapsed_time(end) / 1e3, 1e-7)
+    number = max(1, int(min(0.02, min_run_time / 10) / one))
+    raw: list[float] = []
+    total = 0.0
+    while total < min_run_time or len(raw) < min_repeats:
+        start.record()
+        for _ in range(number):
+            call()
+        end.record()
+        end.synchronize()
+        block = start.elapsed_time(end) / 1e3
+        raw.append(block)
+        total += block
+    spec = tbench.TaskSpec(stmt=label or "fn()", setup="", num_threads=torch.get_num_threads())
+    return tbench.Measurement(number_per_run=number, raw_times=raw, task_spec=spec)
+
+
+def benchmark(
+    fn: Callable[..., object],
+    *args: object,
+    device: str | torch.device | None = "cpu",
+    label: str = "",
+    warmup: int = 2,
+    min_run_time: float = 0.2,
+    min_repeats: int = 5,
+    num_threads: int | None = None,
+    **kwargs: object,
+) -> BenchResult:
+    """Time fn(*args, **kwargs) on `device`: warm-up, sync, repeats; median and IQR per call (chapter 1)."""
+    if not callable(fn):
+        raise TypeError(f"benchmark() needs a function to call, got {type(fn).__name__}.")
+    _check_timing_args(warmup, min_run_time, min_repeats)
+    device = resolve_device(device)
+    threads = num_threads or torch.get_num_threads()
+
+    def call() -> object:
+        return fn(*args, **kwargs)
+
+    for _ in range(warmup):
+        call()
+    synchronize(device)
+    if device.type == "cuda":
+        m = _cuda_measurement(call, device, min_run_time, min_repeats, label)
+        method = "CUDA events"
+    else:
+        timer = tbench.Timer(
+            stmt="call()",
+            globals={"call": call},
+            num_threads=threads,
+            timer=_sync_timer(device),
+            label=label or None,
+        )
+        m = timer.blocked_autorange(min_run_time=min_run_time)
+        raw = list(m.raw_times)
+        while len(raw) < min_repeats:
+            raw.append(timer.timeit(m.number_per_run).raw_times[0])
+        m = tbench.Measurement(m.number_per_run, raw, m.task_spec)
+        method = "torch.utils.benchmark"
+    return BenchResult(
+        label=label,
+        median=m.median,
+        iqr=m.iqr,
+        times=list(m.times),
+        number_per_run=m.number_per_run,
+        num_threads=threads,
+        device=str(device),
+        method=method,
+    )

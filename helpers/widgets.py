@@ -1,0 +1,67 @@
+"""ipywidgets controls in front of a sweep function, redrawing its plot (chapter 1).
+
+The pattern in every chapter: a plain function ``run(**settings) -> result`` does the work, a
+plain function ``plot(result) -> Figure`` draws it. A notebook cell first calls both with
+default settings (so "Run all" and CI show a plot), then calls :func:`interactive_plot` so a
+learner can change the settings and press Run. Tests call the same plain functions.
+Only API common to ipywidgets 7 and 8 is used, because Colab still ships 7.x.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from helpers.plots import show
+
+
+def _clean(value: Any) -> Any:
+    """Round slider floats (they can arrive as 1.9999999999999998); tuples element-wise (chapter 1)."""
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, tuple):
+        return tuple(_clean(v) for v in value)
+    return value
+
+
+def control_values(controls: dict[str, widgets.Widget]) -> dict[str, Any]:
+    """The current value of every control, cleaned, keyed like `controls` (chapter 1)."""
+    return {name: _clean(w.value) for name, w in controls.items()}
+
+
+def interactive_plot(
+    run: Callable[..., Any],
+    plot: Callable[[Any], Figure],
+    controls: dict[str, widgets.Widget],
+    *,
+    run_label: str = "Run",
+) -> widgets.VBox:
+    """Controls + a Run button + an Output: on click, run(**values), plot(result) into the Output (chapter 1)."""
+    button = widgets.Button(description=run_label, button_style="primary", icon="play")
+    status = widgets.HTML(value="Set the controls, then press <b>Run</b>.")
+    output = widgets.Output()
+    box = widgets.VBox([*controls.values(), widgets.HBox([button, status]), output])
+    box.run_button, box.output, box.controls = button, output, controls
+    box.last_result = None
+
+    def on_click(_: widgets.Button) -> None:
+        values = control_values(controls)
+        button.disabled = True
+        status.value = "running…"
+        with output:
+            output.clear_output(wait=True)
+            try:
+                box.last_result = run(**values)
+                show(plot(box.last_result))
+                status.value = "done: " + ", ".join(f"{k}={v}" for k, v in values.items())
+            except Exception as exc:  # keep the kernel and the widget alive, say what went wrong
+                status.value = "❌ failed, see below"
+                print(f"❌ {type(exc).__name__}: {exc}")
+            finally:
+                button.disabled = False
+
+    button.on_click(on_click)
+    return box

@@ -1,0 +1,51 @@
+"""Notebook plumbing shared by the tools and the tests: reading, cleaning, writing.
+
+Notebooks are stored without outputs or execution counts, with one standard metadata block
+(Python 3 kernel; Colab opens chapters on a GPU runtime).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIRS = ("notebooks", "solutions", "exercises", "templates")
+
+STANDARD_METADATA = {
+    "accelerator": "GPU",
+    "colab": {"provenance": [], "gpuType": "T4"},
+    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
+
+
+def all_notebooks() -> list[Path]:
+    """Every course notebook, in a stable order."""
+    return sorted(p for d in NOTEBOOK_DIRS for p in (ROOT / d).glob("*.ipynb"))
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    """Read a notebook as nbformat v4."""
+    return nbformat.read(str(path), as_version=4)
+
+
+def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop outputs, execution counts and per-cell noise; set the standard metadata."""
+    for cell in nb.cells:
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    nb.metadata = json.loads(json.dumps(STANDARD_METADATA))
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i:03d}"
+    return nb
+
+
+def dumps(nb: nbformat.NotebookNode) -> str:
+    """The exact text a clean notebook is stored as."""
+    return nbformat.writes(nb) + "\n"
