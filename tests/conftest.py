@@ -6,8 +6,9 @@ import ast
 from pathlib import Path
 from typing import Any
 
-import nbfiles
 import pytest
+
+import nbfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 

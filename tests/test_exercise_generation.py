@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import make_exercises
 import pytest
+
+import make_exercises
 
 
 def test_exercises_do_not_drift() -> None:

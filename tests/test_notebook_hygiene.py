@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
-import nbfiles
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 import nbformat
 import pytest
+
+import nbfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
@@ -49,17 +54,23 @@ def test_valid_and_stored_clean(path: Path) -> None:
     nbformat.validate(nb)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            assert not cell.outputs, f"{path.name}: outputs are stored; run tools/clean_notebooks.py"
+            assert not cell.outputs, (
+                f"{path.name}: outputs are stored; run tools/clean_notebooks.py"
+            )
             assert cell.execution_count is None, f"{path.name}: execution counts are stored"
     text = path.read_text(encoding="utf-8")
-    assert text == nbfiles.dumps(nbfiles.clean(nb)), f"{path.name}: run python tools/clean_notebooks.py"
+    assert text == nbfiles.dumps(nbfiles.clean(nb)), (
+        f"{path.name}: run python tools/clean_notebooks.py"
+    )
 
 
 @pytest.mark.parametrize("path", ALL, ids=ids(ALL))
 def test_title_and_badge_point_at_own_path(path: Path) -> None:
     nb = nbfiles.read(path)
     first = nb.cells[0]
-    assert first.cell_type == "markdown" and first.source.startswith("# "), "first cell must be the title"
+    assert first.cell_type == "markdown" and first.source.startswith("# "), (
+        "first cell must be the title"
+    )
     rel = path.relative_to(ROOT).as_posix()
     badge = f"https://colab.research.google.com/github/{GITHUB_PATH}/blob/main/{rel}"
     assert badge in first.source, f"{path.name}: the Colab badge must link to {badge}"
@@ -70,15 +81,21 @@ def test_title_and_badge_point_at_own_path(path: Path) -> None:
 @pytest.mark.parametrize("path", ALL, ids=ids(ALL))
 def test_setup_cell_is_the_template_one(path: Path) -> None:
     cells = code_cells(nbfiles.read(path))
-    assert cells and cells[0] == setup_cell(), f"{path.name}: the first code cell must be the template's setup cell"
-    assert f'COURSE_REPO = "{REPO_URL}"' in setup_cell(), "the setup cell's URL must be pyproject's Repository URL"
+    assert cells and cells[0] == setup_cell(), (
+        f"{path.name}: the first code cell must be the template's setup cell"
+    )
+    assert f'COURSE_REPO = "{REPO_URL}"' in setup_cell(), (
+        "the setup cell's URL must be pyproject's Repository URL"
+    )
 
 
 def test_setup_cell_installs_only_in_colab_and_only_the_course() -> None:
     cell = setup_cell()
     assert '"google.colab" in sys.modules' in cell
     pip_lines = [line for line in cell.splitlines() if "%pip" in line]
-    assert len(pip_lines) == 1 and pip_lines[0].startswith("    "), "install only inside the Colab guard"
+    assert len(pip_lines) == 1 and pip_lines[0].startswith("    "), (
+        "install only inside the Colab guard"
+    )
     for pkg in ("torch", "numpy", "matplotlib", "ipywidgets"):
         assert pkg not in pip_lines[0], f"never reinstall {pkg} in Colab (it forces a restart)"
     assert "%matplotlib inline" in cell and "ipympl" not in cell and "widget" not in cell
@@ -88,8 +105,12 @@ def test_setup_cell_installs_only_in_colab_and_only_the_course() -> None:
 def test_chapter_follows_template(path: Path) -> None:
     nb = nbfiles.read(path)
     heads = headings(nb)
-    assert heads[:2] == ["## What you will learn", "## Prerequisites"], f"{path.name}: opening is {heads[:2]}"
-    assert heads[-3:] == ["## Summary", "## Exercises", "## Further reading"], f"{path.name}: closing is {heads[-3:]}"
+    assert heads[:2] == ["## What you will learn", "## Prerequisites"], (
+        f"{path.name}: opening is {heads[:2]}"
+    )
+    assert heads[-3:] == ["## Summary", "## Exercises", "## Further reading"], (
+        f"{path.name}: closing is {heads[-3:]}"
+    )
     config = code_cells(nb)[1]
     assert "pick_device(" in config and "manual_seed(" in config and "describe_device(" in config
     first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
@@ -101,7 +122,13 @@ def test_chapter_has_exercises_and_solutions(path: Path) -> None:
     stem = path.stem
     exercises = ROOT / "exercises" / f"{stem}_exercises.ipynb"
     solutions = ROOT / "solutions" / f"{stem}_solutions.ipynb"
-    assert exercises.exists() and solutions.exists(), f"{stem}: needs {exercises.name} and {solutions.name}"
+    assert exercises.exists() and solutions.exists(), (
+        f"{stem}: needs {exercises.name} and {solutions.name}"
+    )
     text = "\n".join(c.source for c in nbfiles.read(path).cells if c.cell_type == "markdown")
-    assert f"../exercises/{exercises.name}" in text, f"{path.name}: the Exercises section must link the exercises"
-    assert f"../solutions/{solutions.name}" in text, f"{path.name}: the Exercises section must link the solutions"
+    assert f"../exercises/{exercises.name}" in text, (
+        f"{path.name}: the Exercises section must link the exercises"
+    )
+    assert f"../solutions/{solutions.name}" in text, (
+        f"{path.name}: the Exercises section must link the solutions"
+    )

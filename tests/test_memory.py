@@ -1,0 +1,51 @@
+"""helpers.memory: readouts, peak tracking, byte formatting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.memory import PeakMemory, format_bytes, memory_readout, print_memory, track_peak
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (20 * 2**20, "20.00 MiB"),
+        (3 * 2**30, "3.00 GiB"),
+        (-2048, "-2.00 KiB"),
+        (2**41, "2.00 TiB"),
+    ],
+)
+def test_format_bytes(n: int, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+def test_cpu_readout_is_labelled_as_process_rss(capsys: pytest.CaptureFixture[str]) -> None:
+    readout = memory_readout("cpu")
+    (key,) = readout
+    assert "process RSS" in key and readout[key] > 0
+    print_memory("cpu")
+    assert "process RSS" in capsys.readouterr().out
+
+
+def test_track_peak_sees_a_big_allocation_on_cpu() -> None:
+    with track_peak("cpu") as peak:
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        x += 1
+        del x
+    assert isinstance(peak, PeakMemory)
+    assert "RSS" in peak.meter and "approximate" in peak.meter
+    assert peak.increase > 16 * 2**20, str(peak)
+
+
+def test_track_peak_stops_its_sampler_thread() -> None:
+    import threading
+
+    before = threading.active_count()
+    with track_peak("cpu"):
+        pass
+    assert threading.active_count() == before
