@@ -1,0 +1,206 @@
+"""helpers.matmul: the chapter-1 size sweep, its speed-up helper, plots, widget and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+import helpers.matmul as mm
+from helpers.devices import DeviceError
+from helpers.widgets import interactive_plot
+
+FAST = dict(min_run_time=0.01, progress=False)
+
+
+def test_matmul_flops_counts_two_per_multiply_add() -> None:
+    assert mm.matmul_flops(2, 3, 4) == 48
+    assert mm.matmul_flops(1024, 1024, 1024) == 2 * 1024**3
+
+
+def test_matmul_flops_agrees_with_torch_flop_counter() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with FlopCounterMode(display=False) as counter:
+        a @ b
+    assert counter.get_total_flops() == mm.matmul_flops(8, 16, 4)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "8", True, None])
+def test_matmul_flops_rejects_bad_sizes(bad: object) -> None:
+    with pytest.raises(ValueError, match="whole number > 0|must be > 0"):
+        mm.matmul_flops(bad, 4, 4)
+
+
+def test_doubling_sizes() -> None:
+    assert mm.doubling_sizes(64, 1024) == [64, 128, 256, 512, 1024]
+    assert mm.doubling_sizes(100, 1000) == [100, 200, 400, 800]
+    assert mm.doubling_sizes(8, 8) == [8]
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "match"),
+    [(1024, 64, "smaller size first"), (0, 8, "> 0"), (-4, 8, "> 0"), (4, 2.5, "whole number")],
+)
+def test_doubling_sizes_rejects_bad_ranges(lo: object, hi: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        mm.doubling_sizes(lo, hi)
+
+
+def test_default_size_range_is_small_on_cpu_and_offered_by_the_slider() -> None:
+    lo, hi = mm.default_size_range("cpu")
+    assert (lo, hi) == (64, 1024)
+    assert lo in mm.SIZE_CHOICES and hi in mm.SIZE_CHOICES
+
+
+def test_peak_is_unknown_on_cpu() -> None:
+    assert mm.matmul_peak_flops("cpu", "fp32") is None
+
+
+def test_sweep_rows_are_consistent() -> None:
+    result = mm.run_matmul_sweep([16, 32], "fp32", "cpu", **FAST)
+    assert isinstance(result, mm.MatmulSweep) and result.param == "n"
+    assert result.column("n") == [16, 32] and not result.skipped and result.stopped is None
+    for row in result.rows:
+        assert set(row) == {"n", "time (ms)", "IQR (%)", "GFLOP/s"}  # no peak known on CPU
+        assert row["time (ms)"] > 0
+        expected = mm.matmul_flops(row["n"], row["n"], row["n"]) / (row["time (ms)"] / 1e3) / 1e9
+        assert math.isclose(row["GFLOP/s"], expected, rel_tol=1e-9)
+    text = str(result)
+    assert "fp32 matmul on cpu" in text and "peak unknown" in text and "GFLOP/s" in text
+
+
+def test_sweep_accepts_a_range_and_other_dtypes() -> None:
+    result = mm.run_matmul_sweep(size_range=(16, 32), dtype=torch.bfloat16, device="cpu", **FAST)
+    assert result.column("n") == [16, 32] and result.dtype == "bf16"
+    assert mm.run_matmul_sweep(16, "float64", "cpu", **FAST).dtype == "fp64"
+
+
+def test_sweep_reports_percent_of_a_known_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mm, "matmul_peak_flops", lambda device, dtype: 1e12)
+    result = mm.run_matmul_sweep([16], "fp32", "cpu", **FAST)
+    row = result.rows[0]
+    assert math.isclose(row["% of peak"], row["GFLOP/s"] / 1e3 * 100, rel_tol=1e-9)
+    assert "1,000 GFLOP/s (datasheet)" in str(result)
+
+
+def test_sweep_skips_calls_over_the_time_budget() -> None:
+    result = mm.run_matmul_sweep([16, 32], "fp32", "cpu", max_call_seconds=1e-12, **FAST)
+    assert result.rows == [] and len(result.skipped) == 2
+    assert "first call took" in result.skipped[0] and "would take about" in result.skipped[1]
+    assert "skipped n=16" in str(result)
+    assert isinstance(mm.plot_matmul_sweep(result), Figure)  # says "nothing measured"
+
+
+def test_sweep_calibrates_before_a_big_first_size() -> None:
+    result = mm.run_matmul_sweep([4096], "fp32", "cpu", max_call_seconds=1e-12, **FAST)
+    assert result.rows == [] and "would take about" in result.skipped[0]
+
+
+def test_sweep_survives_running_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_randn = torch.randn
+
+    def randn(*size: object, **kw: object) -> torch.Tensor:
+        if size and size[0] == 64:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 16 EiB")
+        return real_randn(*size, **kw)
+
+    monkeypatch.setattr(torch, "randn", randn)
+    result = mm.run_matmul_sweep([16, 32, 64, 128], "fp32", "cpu", **FAST)
+    assert result.column("n") == [16, 32]
+    assert result.stopped and "out of memory at n=64" in result.stopped
+    assert "stopped early" in mm.plot_matmul_sweep(result)._suptitle.get_text()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(sizes=[]), ValueError, "no sizes"),
+        (dict(sizes=[0]), ValueError, "> 0"),
+        (dict(sizes=[-8]), ValueError, "> 0"),
+        (dict(sizes=[1.5]), ValueError, "whole number"),
+        (dict(sizes=["64"]), ValueError, "whole number"),
+        (dict(sizes=[16], size_range=(16, 32)), ValueError, "not both"),
+        (dict(size_range=(1024, 64)), ValueError, "smaller size first"),
+        (dict(size_range=(16, 32, 64)), ValueError, r"\(smallest, largest\)"),
+        (dict(sizes=[16], dtype="fp8"), DeviceError, "Unknown dtype"),
+        (dict(sizes=[16], dtype="int32"), DeviceError, "Unknown dtype"),
+        (dict(sizes=[16], device="cuda:3"), DeviceError, "Devices here"),
+        (dict(sizes=[16], device="tpu"), DeviceError, "not a device name"),
+        (dict(sizes=[16], device=3.5), DeviceError, "must be a string"),
+        (dict(sizes=[16], min_run_time=0), ValueError, "min_run_time"),
+        (dict(sizes=[16], min_run_time=-1.0), ValueError, "min_run_time"),
+        (dict(sizes=[16], max_call_seconds=0), ValueError, "max_call_seconds"),
+    ],
+)
+def test_sweep_rejects_bad_input_clearly(kwargs: dict, error: type, match: str) -> None:
+    kwargs = {"device": "cpu", "progress": False, **kwargs}
+    with pytest.raises(error, match=match):
+        mm.run_matmul_sweep(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_absent_gpu_is_named_with_what_exists() -> None:
+    with pytest.raises(DeviceError, match=r"'cuda:3' is not available.*Devices here: .*cpu"):
+        mm.run_matmul_sweep([16], device="cuda:3", progress=False)
+
+
+def test_speedup_needs_an_accelerator() -> None:
+    with pytest.raises(DeviceError, match="needs a GPU"):
+        mm.run_speedup([16], device="cpu", progress=False)
+
+
+def test_combine_speedup_joins_on_n() -> None:
+    cpu = mm.MatmulSweep(param="n", rows=[{"n": 16, "time (ms)": 2.0}, {"n": 32, "time (ms)": 8.0}])
+    gpu = mm.MatmulSweep(
+        param="n",
+        device="cuda:0",
+        rows=[
+            {"n": 16, "time (ms)": 4.0},
+            {"n": 32, "time (ms)": 0.5},
+            {"n": 64, "time (ms)": 1.0},
+        ],
+        skipped=["n=128: over the budget"],
+    )
+    cpu.skipped = ["n=64: over the budget"]
+    both = mm.combine_speedup(cpu, gpu)
+    assert both.column("n") == [16, 32]
+    assert both.column("speed-up") == [0.5, 16.0]
+    assert both.column("cuda:0 (ms)") == [4.0, 0.5]
+    assert both.device == "cpu vs cuda:0" and len(both.skipped) == 2
+    assert isinstance(mm.plot_speedup(both), Figure)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_speedup_on_a_gpu() -> None:
+    result = mm.run_speedup([64, 256], "fp32", "cuda", **FAST)
+    assert result.column("n") == [64, 256] and all(s > 0 for s in result.column("speed-up"))
+
+
+def test_plots_have_the_expected_panels() -> None:
+    result = mm.run_matmul_sweep([16, 32], "fp32", "cpu", **FAST)
+    fig = mm.plot_matmul_sweep(result)
+    assert len(fig.axes) == 2
+    assert fig.axes[1].get_ylabel() == "GFLOP/s"
+    assert isinstance(mm.plot_speedup(mm.combine_speedup(result, result)), Figure)
+
+
+def test_controls_match_the_run_function() -> None:
+    controls = mm.matmul_controls("cpu")
+    assert set(controls) == {"size_range", "dtype", "device"}
+    assert controls["size_range"].value == (64, 1024)
+    assert controls["dtype"].value == "fp32" and "cpu" in controls["device"].options
+
+
+def test_widget_button_runs_the_sweep() -> None:
+    controls = mm.matmul_controls("cpu")
+    controls["size_range"].value = (16, 32)
+    box = interactive_plot(
+        lambda **kw: mm.run_matmul_sweep(**kw, **FAST), mm.plot_matmul_sweep, controls
+    )
+    box.run_button.click()
+    assert isinstance(box.last_result, mm.MatmulSweep)
+    assert box.last_result.column("n") == [16, 32]
