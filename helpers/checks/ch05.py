@@ -1,0 +1,290 @@
+"""Checkers for the chapter 5 exercises (GPU memory) (chapter 5).
+
+Each ``check_*`` takes the learner's function, measures what it does with real tensors (the
+activation meter, real gradients, real allocations) and prints ✅, ❌ with a hint, or ⏳ for
+an untouched stub. None of them raises. Everything runs on the CPU in a second or two.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.activations import measure_activation_bytes
+from helpers.checks import CheckResult, expect, run_check
+from helpers.memory_bill import make_mlp, measure_training_memory
+
+_KEYS = ("parameters", "gradients", "optimizer_state", "activations")
+
+
+def _relu_mlp(sizes: list[int], seed: int) -> nn.Sequential:
+    """A flat Linear, ReLU, ..., Linear stack through `sizes` (chapter 5)."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> CheckResult:
+    """Exercise 1: the fp32 + Adam training bill of an MLP, compared with real tensors and the meter (chapter 5)."""
+
+    def probes() -> None:
+        for sizes, batch in (([32, 64, 64, 10], 16), ([20, 128, 10], 50), ([48, 96, 96, 96, 3], 7)):
+            model = _relu_mlp(sizes, seed=batch)
+            got = fn(model, batch)
+            expect(
+                isinstance(got, dict), f"return a dict with keys {_KEYS}, not {type(got).__name__}."
+            )
+            missing = [k for k in _KEYS if k not in got]
+            expect(not missing, f"your dict lacks {missing}; return all of {_KEYS}, in bytes.")
+            opt = torch.optim.Adam(model.parameters())
+            x, y = torch.randn(batch, sizes[0]), torch.randint(0, sizes[-1], (batch,))
+            real = measure_training_memory(model, opt, nn.functional.cross_entropy, x, y)
+            want = dict(
+                zip(
+                    _KEYS, (real.parameters, real.gradients, real.optimizer_state, real.activations)
+                )
+            )
+            where = f"for the MLP {'-'.join(map(str, sizes))} at batch {batch}"
+            for key in _KEYS:
+                expect(
+                    isinstance(got[key], (int, float)) and not isinstance(got[key], bool),
+                    f"{key} must be a number of bytes, got {got[key]!r}.",
+                )
+            n = sum(p.numel() for p in model.parameters())
+            expect(
+                got["parameters"] == want["parameters"],
+                f"parameters {where}: you said {got['parameters']}, the model holds "
+                f"{want['parameters']} bytes ({n} fp32 numbers, 4 bytes each).",
+            )
+            expect(
+                got["gradients"] == want["gradients"],
+                f"gradients {where}: you said {got['gradients']}, backward made {want['gradients']} "
+                "bytes (one gradient per parameter, same dtype).",
+            )
+            expect(
+                got["optimizer_state"] == want["optimizer_state"],
+                f"optimizer state {where}: you said {got['optimizer_state']}, Adam holds "
+                f"{want['optimizer_state']} bytes: exp_avg and exp_avg_sq (2 fp32 copies) plus one "
+                "4-byte step counter per parameter tensor.",
+            )
+            expect(
+                got["activations"] == want["activations"],
+                f"activations {where}: you said {got['activations']}, the meter measured "
+                f"{want['activations']} bytes. The first Linear keeps the input batch; each ReLU "
+                "keeps its output (which is also what the next Linear keeps: count it once); "
+                "a Linear's output is not kept when a ReLU follows.",
+            )
+
+    return run_check("Exercise 1: the training bill", probes)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor | None]:
+    """Copies of every parameter's .grad (None stays None) (chapter 5)."""
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def check_accumulate_gradients(
+    fn: Callable[[nn.Module, Callable[..., torch.Tensor], torch.Tensor, torch.Tensor, int], Any],
+) -> CheckResult:
+    """Exercise 2: micro-batch gradients equal to the whole batch's, uneven splits included (chapter 5)."""
+
+    def probes() -> None:
+        loss_fn = nn.CrossEntropyLoss()
+        for n, micro in ((64, 16), (50, 16), (30, 30), (9, 4)):
+            torch.manual_seed(n)
+            model = _relu_mlp([12, 32, 5], seed=n)
+            x, y = torch.randn(n, 12), torch.randint(0, 5, (n,))
+            model.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            want = _grads(model)
+            for p in model.parameters():  # stale gradients the learner must clear first
+                p.grad = torch.full_like(p, 7.0)
+            largest: list[int] = []
+
+            def record(
+                module: nn.Module, args: tuple[Any, ...], sizes: list[int] = largest
+            ) -> None:
+                sizes.append(args[0].shape[0])
+
+            hook = model.register_forward_pre_hook(record)
+            try:
+                fn(model, loss_fn, x, y, micro)
+            finally:
+                hook.remove()
+            expect(largest, "your function never ran the model.")
+            expect(
+                max(largest) <= micro,
+                f"with micro_batch={micro} you ran a forward on {max(largest)} samples at once: "
+                "the point is never to hold more than one micro-batch of activations.",
+            )
+            expect(
+                sum(largest) == n,
+                f"the micro-batches covered {sum(largest)} samples, but the batch has {n}: "
+                "use every sample exactly once.",
+            )
+            got = _grads(model)
+            expect(all(g is not None for g in got), "some parameters have no .grad afterwards.")
+            expect(
+                not torch.allclose(got[0], want[0] + 7.0, atol=1e-5),
+                "the gradients still contain the old values: clear them before accumulating "
+                "(model.zero_grad(set_to_none=True)).",
+            )
+            ok = all(torch.allclose(g, w, rtol=1e-4, atol=1e-6) for g, w in zip(got, want))
+            if not ok:
+                scale = float(got[0].norm() / want[0].norm())
+                steps = math.ceil(n / micro)
+                hint = (
+                    f"for {n} samples in micro-batches of {micro}, your gradients are {scale:.3g}x "
+                    "the whole batch's."
+                )
+                if abs(scale - steps) < 0.05 * steps:
+                    hint += " Each micro-batch's loss is a mean: scale it before backward()."
+                elif n % micro:
+                    hint += (
+                        " The last micro-batch is smaller: weight each loss by "
+                        "len(micro-batch) / len(batch), not 1 / number of steps."
+                    )
+                expect(False, hint)
+
+    return run_check("Exercise 2: gradient accumulation", probes)
+
+
+def check_forward_low_memory(
+    fn: Callable[[nn.Sequential, torch.Tensor], torch.Tensor], min_cut: float = 0.4
+) -> CheckResult:
+    """Exercise 3: checkpointing that cuts activation bytes by `min_cut`, same output and gradients (chapter 5)."""
+
+    class _Wrapped(nn.Module):
+        """The learner's forward as a module, so the meter excludes the right parameters (chapter 5)."""
+
+        def __init__(self, model: nn.Sequential) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(self.model, x)
+
+    def probes() -> None:
+        torch.manual_seed(0)
+        model = make_mlp(256, 6)
+        x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+        plain = measure_activation_bytes(model, x)
+        model.zero_grad(set_to_none=True)
+        want_out = model(x)
+        nn.functional.cross_entropy(want_out, y).backward()
+        want = _grads(model)
+        model.zero_grad(set_to_none=True)
+        got_out = fn(model, x)
+        expect(
+            isinstance(got_out, torch.Tensor),
+            f"return the model's output, not {type(got_out).__name__}.",
+        )
+        expect(
+            got_out.shape == want_out.shape and torch.allclose(got_out, want_out, atol=1e-6),
+            "your output differs from model(x): checkpointing must not change the result.",
+        )
+        nn.functional.cross_entropy(got_out, y).backward()
+        got = _grads(model)
+        missing = sum(g is None for g in got)
+        expect(
+            not missing,
+            f"{missing} parameter tensors got no gradient. With use_reentrant=True and an input "
+            "that does not require grad, a checkpointed segment's weights get none: use "
+            "use_reentrant=False.",
+        )
+        expect(
+            all(torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(got, want)),
+            "the gradients differ from the plain model's.",
+        )
+        saved = measure_activation_bytes(_Wrapped(model), x)
+        cut = 1 - saved / plain
+        expect(
+            cut >= min_cut - 1e-9,
+            f"activation bytes went from {plain / 2**20:.2f} MiB to {saved / 2**20:.2f} MiB, a cut of "
+            f"{cut:.0%}; at least {min_cut:.0%} is needed. Checkpointing each Linear+ReLU block "
+            "alone saves nothing (a block keeps only its input anyway): checkpoint segments of "
+            "several blocks, so only each segment's input is kept.",
+        )
+
+    return run_check("Exercise 3: place the checkpoints", probes)
+
+
+def check_largest_batch(fn: Callable[[Callable[[int], bool], int], int]) -> CheckResult:
+    """Exercise 4: doubling then binary search, correct at the edges and with few probes (chapter 5)."""
+
+    def probes() -> None:
+        limit = 4096
+        budget = 2 * math.ceil(math.log2(limit)) + 2
+        for true_max in (1, 2, 3, 100, 1000, 1024, 1025, 4095, limit):
+            calls: list[int] = []
+
+            def fits(batch: int, m: int = true_max, calls: list[int] = calls) -> bool:
+                calls.append(batch)
+                return batch <= m
+
+            got = fn(fits, limit)
+            expect(
+                got == true_max,
+                f"when batches up to {true_max} fit (limit {limit}) you returned {got!r}. "
+                "Keep the last size that fitted and the first that did not, and search between.",
+            )
+            expect(
+                len(calls) <= budget,
+                f"you called fits {len(calls)} times to find {true_max}; doubling then binary "
+                f"search needs at most {budget}. Do not step one by one.",
+            )
+            expect(
+                all(1 <= b <= limit for b in calls),
+                f"you tried batch sizes outside 1..{limit}: {sorted(set(calls))[:5]}...",
+            )
+        expect(fn(lambda b: False, limit) == 0, "when not even batch 1 fits, return 0.")
+
+    return run_check("Exercise 4: the largest batch that fits", probes)
+
+
+def check_safe_step(fn: Callable[[Callable[[int], Any], int], bool]) -> CheckResult:
+    """Exercise 5: out-of-memory gives False and frees the failed step's tensors; other errors propagate (chapter 5)."""
+
+    def probes() -> None:
+        seen: dict[str, weakref.ref[torch.Tensor]] = {}
+
+        def failing_step(batch: int) -> None:
+            activations = torch.ones(batch, 1024)
+            seen["ref"] = weakref.ref(activations)
+            torch.empty(2**60, dtype=torch.uint8)  # impossible: 1 EiB
+
+        got = fn(failing_step, 256)
+        expect(got is False, f"after an out-of-memory error return False, not {got!r}.")
+        gc.collect()
+        expect(
+            seen["ref"]() is None,
+            "the failed step's tensors are still alive: something still references the "
+            "exception or its traceback (a variable, a list, a global). Keep only a message.",
+        )
+        expect(fn(lambda b: torch.zeros(b).sum(), 8) is True, "when the step runs, return True.")
+
+        def buggy_step(batch: int) -> None:
+            raise ValueError("a bug, not out-of-memory")
+
+        try:
+            fn(buggy_step, 8)
+        except ValueError:
+            pass
+        else:
+            expect(
+                False,
+                "a step that raised ValueError (a bug) was swallowed: catch only out-of-memory "
+                "errors and re-raise everything else.",
+            )
+
+    return run_check("Exercise 5: survive out-of-memory", probes)

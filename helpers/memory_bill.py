@@ -1,0 +1,388 @@
+"""The training memory bill: predicted from the model, measured from real tensors (chapter 5).
+
+A training step keeps four kinds of tensors: the parameters, their gradients, the optimizer
+state, and the activations autograd saves for backward. :func:`estimate_training_memory`
+predicts each line from the model, the batch and the optimizer alone;
+:func:`measure_training_memory` runs one real step and adds up the bytes of the real tensors
+(activations through :class:`helpers.activations.ActivationMeter`), on any device.
+On CUDA the process also pays for the CUDA context, which no tensor shows; it is quoted as a
+cited range, not predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from helpers.activations import (
+    ActivationMeter,
+    activation_table,
+    autocast_context,
+    checkpointed_forward,
+    measure_activation_bytes,
+    unique_storage_bytes,
+)
+from helpers.devices import dtype_name, parse_dtype, resolve_device
+from helpers.sweeps import SweepResult, positive_int, run_sweep
+
+MiB = 2**20
+GiB = 2**30
+
+#: CUDA context: "0.5-1.8 GiB on A100, depending on version and lazy loading" (stas00/ml-engineering).
+CUDA_CONTEXT_RANGE = (GiB // 2, int(1.8 * GiB))
+CUDA_CONTEXT_SOURCE = (
+    "stas00/ml-engineering: 0.5-1.8 GiB on an A100, by CUDA version and lazy loading"
+)
+
+#: Optimizer-state copies of each parameter, by optimizer name.
+OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "sgd-momentum": 1, "sgd": 0}
+
+#: Extra 4-byte tensors per parameter tensor: Adam's step counter (on the CPU unless fused/capturable).
+_STEP_COUNTERS = {"adam": 1, "adamw": 1, "adam-amsgrad": 1, "sgd-momentum": 0, "sgd": 0}
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The model's parameters, with a clear error if there are none (chapter 5)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Expected an nn.Module (the model), got {type(model).__name__}.")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError(
+            f"{type(model).__name__} has no parameters, so there is nothing to train and no "
+            "training bill. Pass the model whose weights you train (did you pass a layer "
+            "without weights, such as nn.ReLU?)."
+        )
+    return params
+
+
+def optimizer_kind(optimizer: str | torch.optim.Optimizer) -> str:
+    """'adam', 'adamw', 'adam-amsgrad', 'sgd-momentum' or 'sgd' for a name or an optimizer (chapter 5)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        group = optimizer.param_groups[0]
+        if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            if group.get("amsgrad"):
+                return "adam-amsgrad"
+            return "adamw" if isinstance(optimizer, torch.optim.AdamW) else "adam"
+        if isinstance(optimizer, torch.optim.SGD):
+            return "sgd-momentum" if group.get("momentum", 0) else "sgd"
+        raise ValueError(
+            f"The estimator knows Adam, AdamW and SGD, not {type(optimizer).__name__}. "
+            "Measure that one with measure_training_memory instead."
+        )
+    key = str(optimizer).strip().lower().replace("_", "-")
+    if key not in OPTIMIZER_COPIES:
+        raise ValueError(
+            f"Unknown optimizer {optimizer!r}. Use one of {', '.join(OPTIMIZER_COPIES)}, "
+            "or pass the torch.optim optimizer itself."
+        )
+    return key
+
+
+def _autocast_dtype(precision: str | torch.dtype | None) -> torch.dtype | None:
+    """None/'fp32' -> None (no autocast); 'bf16'/'fp16' or a dtype -> that dtype (chapter 5)."""
+    if precision is None:
+        return None
+    dtype = parse_dtype(precision)
+    if dtype == torch.float32:
+        return None
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast runs in bf16 or fp16, not {dtype}.")
+    return dtype
+
+
+@dataclass
+class MemoryBill:
+    """Bytes of each line of the training bill; `context` is a cited range on CUDA (chapter 5)."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    autocast_copies: int = 0
+    context: tuple[int, int] | None = None
+    label: str = "estimate"
+
+    @property
+    def saved_for_backward(self) -> int:
+        """Everything autograd keeps for backward: activations plus autocast weight copies (chapter 5)."""
+        return self.activations + self.autocast_copies
+
+    @property
+    def total(self) -> int:
+        """Sum of the tensor lines (the CUDA context is not a tensor and is left out) (chapter 5)."""
+        return self.parameters + self.gradients + self.optimizer_state + self.saved_for_backward
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The bill as table rows of item, MiB and bytes (chapter 5)."""
+        items = [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer state", self.optimizer_state),
+            ("activations", self.activations),
+        ]
+        if self.autocast_copies:
+            items.append(("autocast weight copies", self.autocast_copies))
+        items.append(("total (tensors)", self.total))
+        rows = [{"item": k, "MiB": v / MiB, "bytes": v} for k, v in items]
+        if self.context is not None:
+            lo, hi = self.context
+            rows.append(
+                {
+                    "item": "CUDA context (cited range)",
+                    "MiB": f"{lo / MiB:.0f}-{hi / MiB:.0f}",
+                    "bytes": "n/a",
+                }
+            )
+        return rows
+
+    def __str__(self) -> str:
+        from helpers.tables import format_table
+
+        return f"{self.label}\n{format_table(self.rows())}"
+
+    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
+        p.text(str(self))
+
+
+def estimate_training_memory(
+    model: nn.Module,
+    batch_size: int,
+    sample_shape: Sequence[int],
+    *,
+    optimizer: str | torch.optim.Optimizer = "adam",
+    precision: str | torch.dtype | None = None,
+    checkpoint_every: int = 0,
+    activation_bytes: int | None = None,
+    device: str | torch.device | None = None,
+) -> MemoryBill:
+    """Predict the training bill of `model` at `batch_size`, line by line, without running it (chapter 5).
+
+    `precision` 'bf16'/'fp16' means autocast: parameters, gradients and optimizer state stay
+    in the parameters' dtype, activations are stored in low precision, and matmul layers keep
+    low-precision weight copies. Activations come from the analytic count
+    (:func:`helpers.activations.activation_table`) unless `activation_bytes` is given.
+    """
+    params = _trainable(model)
+    batch_size = positive_int(batch_size, "batch_size")
+    kind = optimizer_kind(optimizer)
+    amp = _autocast_dtype(precision)
+    trainable = [p for p in params if p.requires_grad]
+    param_bytes = unique_storage_bytes(params)
+    grad_bytes = unique_storage_bytes(trainable)
+    state = OPTIMIZER_COPIES[kind] * grad_bytes + 4 * _STEP_COUNTERS[kind] * len(trainable)
+    if activation_bytes is None:
+        rows = activation_table(
+            model, sample_shape, batch_size, autocast_dtype=amp, checkpoint_every=checkpoint_every
+        )
+        copies = sum(r["weight-copy bytes"] for r in rows)
+        acts = sum(r["bytes"] for r in rows) - copies
+    else:
+        if (
+            isinstance(activation_bytes, bool)
+            or not isinstance(activation_bytes, int)
+            or activation_bytes < 0
+        ):
+            raise ValueError(
+                f"activation_bytes must be a whole number >= 0, got {activation_bytes!r}."
+            )
+        acts, copies = activation_bytes, 0
+    where = resolve_device(device) if device is not None else params[0].device
+    return MemoryBill(
+        parameters=param_bytes,
+        gradients=grad_bytes,
+        optimizer_state=state,
+        activations=acts,
+        autocast_copies=copies,
+        context=CUDA_CONTEXT_RANGE if where.type == "cuda" else None,
+        label=f"estimate: batch {batch_size}, {kind}, {'fp32' if amp is None else dtype_name(amp) + ' autocast'}",
+    )
+
+
+def measure_training_memory(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    precision: str | torch.dtype | None = None,
+    checkpoint_every: int = 0,
+) -> MemoryBill:
+    """Run one real training step and add up the bytes of the real tensors, line by line (chapter 5).
+
+    The step changes the model's weights like any training step. `activations` is what the
+    meter saw: every tensor saved for backward, autocast weight copies included.
+    """
+    params = _trainable(model)
+    amp = _autocast_dtype(precision)
+    optimizer.zero_grad(set_to_none=True)
+    with ActivationMeter(model) as meter, autocast_context(x.device.type, amp):
+        out = checkpointed_forward(model, x, checkpoint_every) if checkpoint_every else model(x)
+    saved = meter.total_bytes  # the model's forward only: the loss below is not metered
+    with autocast_context(x.device.type, amp):
+        loss = loss_fn(out, y)
+    loss.backward()
+    grads = unique_storage_bytes(p.grad for p in params if p.grad is not None)
+    optimizer.step()
+    state = unique_storage_bytes(
+        v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+    )
+    return MemoryBill(
+        parameters=unique_storage_bytes(params),
+        gradients=grads,
+        optimizer_state=state,
+        activations=saved,
+        label="measured: real tensors after one step, activations from the meter",
+    )
+
+
+def make_mlp(
+    width: int = 2048, depth: int = 4, n_out: int = 10, device: str | torch.device | None = "cpu"
+) -> nn.Sequential:
+    """`depth` blocks of Linear(width, width) + ReLU, then Linear(width, n_out) (chapter 5)."""
+    width, depth, n_out = (
+        positive_int(v, n) for v, n in ((width, "width"), (depth, "depth"), (n_out, "n_out"))
+    )
+    blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]
+    return nn.Sequential(*blocks, nn.Linear(width, n_out)).to(resolve_device(device))
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class BillSweep:
+    """Measured and predicted bills over batch sizes, with the settings that made them (chapter 5)."""
+
+    sweep: SweepResult
+    settings: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"{self.settings}\n{self.sweep}"
+
+    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
+        p.text(str(self))
+
+
+def bill_sweep(
+    max_batch: int = 2048,
+    checkpointing: bool = False,
+    precision: str = "fp32",
+    *,
+    device: str | torch.device | None = None,
+    width: int | None = None,
+    depth: int = 4,
+    points: int = 4,
+    progress: bool = False,
+) -> BillSweep:
+    """Training bill of an MLP over batch sizes up to `max_batch`: predicted vs measured (chapter 5).
+
+    Measured = the real parameter, gradient and Adam-state bytes after one step plus the
+    meter's activation bytes at each batch size; on CUDA also max_memory_allocated over a
+    full training step. Checkpointing runs pairs of blocks under checkpoint().
+    """
+    device = resolve_device(device)
+    max_batch, points = positive_int(max_batch, "max_batch"), positive_int(points, "points")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
+    width = (
+        positive_int(width, "width")
+        if width is not None
+        else (1024 if device.type == "cpu" else 4096)
+    )
+    amp, every = _autocast_dtype(precision), (2 if checkpointing else 0)
+    cuda = device.type == "cuda"
+    baseline = torch.cuda.memory_allocated(device) if cuda else 0
+    model = make_mlp(width, depth, device=device)
+    opt = torch.optim.Adam(model.parameters())
+    loss_fn = nn.functional.cross_entropy
+
+    def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(b, width, device=device), torch.randint(0, 10, (b,), device=device)
+
+    fixed = measure_training_memory(model, opt, loss_fn, *batch(2), precision=amp)
+    fixed_bytes = fixed.parameters + fixed.gradients + fixed.optimizer_state
+    batches = sorted({max(1, max_batch >> i) for i in range(points)})
+
+    def measure(b: int) -> dict[str, Any]:
+        x, y = batch(b)
+        pred = estimate_training_memory(
+            model, b, (width,), optimizer=opt, precision=amp, checkpoint_every=every
+        )
+        saved = measure_activation_bytes(model, x, autocast_dtype=amp, checkpoint_every=every)
+        row = {
+            "predicted MiB": pred.total / MiB,
+            "measured MiB": (fixed_bytes + saved) / MiB,
+            "predicted activations MiB": pred.saved_for_backward / MiB,
+            "measured activations MiB": saved / MiB,
+        }
+        if cuda:
+            row["CUDA peak MiB"] = (
+                _cuda_step_peak(model, opt, loss_fn, x, y, amp, every) - baseline
+            ) / MiB
+        return row
+
+    result = run_sweep(measure, batches, param="batch", progress=progress)
+    settings = {
+        "device": str(device),
+        "width": width,
+        "depth": depth,
+        "precision": precision,
+        "checkpointing": checkpointing,
+    }
+    return BillSweep(result, settings)
+
+
+def _cuda_step_peak(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    amp: torch.dtype | None,
+    every: int,
+) -> int:
+    """max_memory_allocated over one full training step on CUDA (chapter 5)."""
+    from helpers.memory import track_peak
+
+    with track_peak(x.device) as peak:
+        opt.zero_grad(set_to_none=True)
+        with autocast_context("cuda", amp):
+            out = checkpointed_forward(model, x, every) if every else model(x)
+            loss = loss_fn(out, y)
+        loss.backward()
+        opt.step()
+    return peak.peak
+
+
+def plot_bill_sweep(result: BillSweep) -> Figure:
+    """Left: the whole bill, predicted (line) vs measured (markers); right: activations alone (chapter 5)."""
+    import matplotlib.pyplot as plt
+
+    sweep, s = result.sweep, result.settings
+    x = sweep.column("batch")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(x, sweep.column("predicted MiB"), "-", lw=2, label="predicted (estimator)")
+    left.plot(x, sweep.column("measured MiB"), "o", ms=8, label="measured (tensors + meter)")
+    if sweep.rows and "CUDA peak MiB" in sweep.rows[0]:
+        left.plot(x, sweep.column("CUDA peak MiB"), "s--", label="CUDA max_memory_allocated")
+    right.plot(x, sweep.column("predicted activations MiB"), "-", lw=2, label="predicted")
+    right.plot(x, sweep.column("measured activations MiB"), "o", ms=8, label="measured (meter)")
+    left.set(xlabel="batch size", ylabel="MiB", title="training bill")
+    right.set(xlabel="batch size", ylabel="MiB", title="saved for backward")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ckpt = "checkpointing on" if s["checkpointing"] else "no checkpointing"
+    title = f"MLP {s['depth']}x{s['width']} + Adam, {s['precision']}, {ckpt} ({s['device']})"
+    if sweep.stopped:
+        title += " - stopped early: out of memory"
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,181 @@
+"""helpers.memory_bill: the estimator predicts every line that one real step measures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from helpers.memory_bill import (
+    CUDA_CONTEXT_RANGE,
+    BillSweep,
+    MemoryBill,
+    bill_sweep,
+    estimate_training_memory,
+    make_mlp,
+    measure_training_memory,
+    optimizer_kind,
+    plot_bill_sweep,
+)
+from helpers.widgets import interactive_plot
+
+MiB = 2**20
+LINES = ("parameters", "gradients", "optimizer_state", "saved_for_backward", "total")
+OPTIMIZERS = {
+    "adam": lambda p: torch.optim.Adam(p),
+    "adamw-amsgrad": lambda p: torch.optim.AdamW(p, amsgrad=True),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_estimate_equals_one_real_step(name: str, precision: str) -> None:
+    torch.manual_seed(0)
+    model = make_mlp(128, 3)
+    opt = OPTIMIZERS[name](model.parameters())
+    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    real = measure_training_memory(
+        model, opt, nn.functional.cross_entropy, x, y, precision=precision
+    )
+    pred = estimate_training_memory(model, 32, (128,), optimizer=opt, precision=precision)
+    for line in LINES:
+        assert getattr(real, line) == getattr(pred, line), line
+
+
+def test_estimate_with_checkpointing_equals_a_real_step() -> None:
+    model = make_mlp(64, 4)
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    real = measure_training_memory(
+        model, opt, nn.functional.cross_entropy, x, y, checkpoint_every=2
+    )
+    pred = estimate_training_memory(model, 16, (64,), checkpoint_every=2)
+    assert real.total == pred.total
+
+
+def test_bytes_per_parameter_by_optimizer() -> None:
+    model = make_mlp(64, 2)
+    n, tensors = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
+    for name, copies in (
+        ("adam", 2),
+        ("adamw", 2),
+        ("adam-amsgrad", 3),
+        ("sgd-momentum", 1),
+        ("sgd", 0),
+    ):
+        bill = estimate_training_memory(model, 4, (64,), optimizer=name)
+        assert bill.parameters == bill.gradients == 4 * n
+        steps = 4 * tensors if name.startswith("adam") else 0
+        assert bill.optimizer_state == copies * 4 * n + steps
+
+
+def test_frozen_parameters_have_no_gradients_or_state() -> None:
+    model = make_mlp(32, 2)
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    bill = estimate_training_memory(model, 4, (32,), optimizer="adam")
+    frozen = sum(p.numel() for p in model[0].parameters())
+    assert bill.parameters - bill.gradients == 4 * frozen
+
+
+def test_cuda_context_is_a_cited_range_only_on_cuda() -> None:
+    bill = estimate_training_memory(make_mlp(16, 1), 2, (16,))
+    assert bill.context is None
+    rows = MemoryBill(1, 1, 1, 1, context=CUDA_CONTEXT_RANGE).rows()
+    assert rows[-1]["item"].startswith("CUDA context") and rows[-1]["bytes"] == "n/a"
+    lo, hi = CUDA_CONTEXT_RANGE
+    assert lo == 2**30 // 2 and 1.7 * 2**30 < hi < 1.9 * 2**30
+
+
+def test_activation_bytes_override_and_printing() -> None:
+    bill = estimate_training_memory(make_mlp(16, 1), 2, (16,), activation_bytes=1000)
+    assert bill.activations == 1000 and bill.autocast_copies == 0
+    text = str(bill)
+    assert "optimizer state" in text and "total (tensors)" in text
+
+
+def test_optimizer_kind() -> None:
+    p = [nn.Parameter(torch.zeros(2))]
+    assert optimizer_kind(torch.optim.AdamW(p)) == "adamw"
+    assert optimizer_kind(torch.optim.SGD(p, lr=0.1)) == "sgd"
+    assert optimizer_kind("SGD_momentum") == "sgd-momentum"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: estimate_training_memory(nn.ReLU(), 4, (8,)), ValueError, "has no parameters"),
+        (lambda: estimate_training_memory(nn.Sequential(), 4, (8,)), ValueError, "no parameters"),
+        (lambda: estimate_training_memory(make_mlp(8, 1), -4, (8,)), ValueError, "batch_size"),
+        (lambda: estimate_training_memory(make_mlp(8, 1), 0, (8,)), ValueError, "batch_size"),
+        (lambda: estimate_training_memory("model", 4, (8,)), TypeError, "nn.Module"),
+        (
+            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), optimizer="lion"),
+            ValueError,
+            "Unknown optimizer",
+        ),
+        (
+            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), precision="int8"),
+            Exception,
+            "dtype",
+        ),
+        (
+            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), precision="fp64"),
+            ValueError,
+            "bf16 or fp16",
+        ),
+        (
+            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), activation_bytes=-1),
+            ValueError,
+            ">= 0",
+        ),
+        (
+            lambda: optimizer_kind(torch.optim.RMSprop([nn.Parameter(torch.zeros(1))])),
+            ValueError,
+            "Adam, AdamW and SGD",
+        ),
+        (lambda: make_mlp(0, 2), ValueError, "width"),
+        (lambda: bill_sweep(512, precision="fp8", device="cpu"), ValueError, "precision"),
+        (lambda: bill_sweep(-1, device="cpu"), ValueError, "max_batch"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_widget_run_and_plot_functions() -> None:
+    result = bill_sweep(64, checkpointing=True, precision="bf16", device="cpu", width=64, points=3)
+    assert isinstance(result, BillSweep)
+    assert result.sweep.column("batch") == [16, 32, 64]
+    for row in result.sweep.rows:
+        assert row["measured MiB"] == row["predicted MiB"]
+        assert row["measured activations MiB"] == row["predicted activations MiB"]
+    fig = plot_bill_sweep(result)
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert [ax.get_title() for ax in fig.axes] == ["training bill", "saved for backward"]
+    assert "batch" in str(result)
+
+
+def test_widget_button_runs_and_plots() -> None:
+    import ipywidgets as widgets
+
+    calls = []
+
+    def run(max_batch: int = 32, checkpointing: bool = False, precision: str = "fp32") -> BillSweep:
+        calls.append((max_batch, checkpointing, precision))
+        return bill_sweep(max_batch, checkpointing, precision, device="cpu", width=32, points=2)
+
+    controls = {
+        "max_batch": widgets.Dropdown(options=[16, 32], value=32),
+        "checkpointing": widgets.Checkbox(value=True),
+        "precision": widgets.Dropdown(options=["fp32", "bf16"], value="fp32"),
+    }
+    box = interactive_plot(run, plot_bill_sweep, controls)
+    box.run_button.click()
+    assert calls == [(32, True, "fp32")]
+    assert isinstance(box.last_result, BillSweep)
+    assert box.last_result.sweep.column("batch") == [16, 32]
