@@ -1,0 +1,370 @@
+"""Checkers for chapter 3's exercises: fp16 rounding, the AMP dtype, the AMP step, the scaler checkpoint (chapter 3)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from helpers.checks import CheckFailed, CheckResult, expect, run_check
+from helpers.precision import choose_amp_dtype, fp16_fate
+
+# (value, hint if the answer is wrong). The values stay clear of exact rounding ties.
+_FATE_PROBES: list[tuple[float, str]] = [
+    (1.0, "1.0 is an ordinary fp16 number"),
+    (0.0, "zero stays zero"),
+    (1e-4, "1e-4 is above fp16's smallest normal number (about 6.1e-5)"),
+    (
+        5e-5,
+        "5e-5 is below the smallest normal (6.1e-5) but far above the smallest subnormal "
+        "(6e-8): fp16 keeps it as a subnormal, not zero",
+    ),
+    (1e-6, "1e-6 is below the smallest normal (6.1e-5): fp16 keeps it as a subnormal, not zero"),
+    (
+        4e-8,
+        "values round to the NEAREST fp16 number: 4e-8 rounds up to the smallest subnormal 5.96e-8",
+    ),
+    (2e-8, "2e-8 is closer to 0 than to the smallest subnormal 5.96e-8, so it rounds to zero"),
+    (1e-9, "1e-9 is far below the smallest subnormal (5.96e-8): it underflows to zero"),
+    (-1e-9, "the sign does not matter: -1e-9 underflows to (negative) zero"),
+    (6.5e4, "65,000 is below fp16's max (65,504)"),
+    (65510.0, "65,510 rounds to the nearest fp16 number, 65,504, which is finite"),
+    (6.6e4, "66,000 is above fp16's max (65,504): it overflows to inf"),
+    (-7e4, "-70,000 overflows to -inf: answer 'inf' for either sign"),
+]
+
+
+def check_fp16_fate(fn: Callable[[float], str]) -> CheckResult:
+    """Exercise 1: fp16_fate(x) says 'zero', 'subnormal', 'normal' or 'inf' like a real cast (chapter 3)."""
+
+    def probes() -> None:
+        for value, hint in _FATE_PROBES:
+            got = fn(value)
+            expect(
+                got in ("zero", "subnormal", "normal", "inf"),
+                f"return one of 'zero', 'subnormal', 'normal', 'inf'; got {got!r} for {value!r}.",
+            )
+            expected = fp16_fate(value)
+            expect(
+                got == expected,
+                f"fp16_fate({value!r}) should be {expected!r}, got {got!r}: {hint}.",
+            )
+
+    return run_check("Exercise 1: predict what fp16 does to a value", probes)
+
+
+_MACHINES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "Tesla T4",
+        {"kind": "cuda", "name": "Tesla T4", "compute_capability": (7, 5), "bf16_reported": True},
+        "a T4 (7.5) *reports* bf16 because torch counts emulation; it has fp16 tensor cores only",
+    ),
+    (
+        "Tesla V100",
+        {"kind": "cuda", "name": "Tesla V100", "compute_capability": (7, 0), "bf16_reported": True},
+        "compute capability 7.x means fp16 tensor cores, so fp16 with a GradScaler",
+    ),
+    (
+        "A100",
+        {
+            "kind": "cuda",
+            "name": "NVIDIA A100",
+            "compute_capability": (8, 0),
+            "bf16_reported": True,
+        },
+        "compute capability >= 8.0 has bf16 tensor cores: bf16, no scaler",
+    ),
+    (
+        "H100",
+        {
+            "kind": "cuda",
+            "name": "NVIDIA H100",
+            "compute_capability": (9, 0),
+            "bf16_reported": True,
+        },
+        "compute capability 9.0 >= 8.0: bf16, no scaler",
+    ),
+    (
+        "RTX 4090",
+        {"kind": "cuda", "name": "RTX 4090", "compute_capability": (8, 9), "bf16_reported": True},
+        "compute capability 8.9 >= 8.0: bf16, no scaler",
+    ),
+    (
+        "GTX 1080",
+        {"kind": "cuda", "name": "GTX 1080", "compute_capability": (6, 1), "bf16_reported": True},
+        "below compute capability 7.0 there are no tensor cores: keep fp32",
+    ),
+    (
+        "Xeon with AMX",
+        {
+            "kind": "cpu",
+            "name": "Xeon 8480",
+            "cpu_flags": ["avx2", "avx512f", "amx_bf16", "amx_tile"],
+        },
+        "'amx_bf16' in the CPU flags means bf16 in hardware",
+    ),
+    (
+        "EPYC with AVX512-BF16",
+        {"kind": "cpu", "name": "EPYC 9654", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]},
+        "'avx512_bf16' in the CPU flags means bf16 instructions",
+    ),
+    (
+        "Xeon, AVX-512 only",
+        {"kind": "cpu", "name": "Xeon 6248", "cpu_flags": ["avx2", "avx512f", "avx512bw"]},
+        "no bf16 flag: bf16 would be emulated (measured 0.22x fp32) and fp16 is slower still, so fp32",
+    ),
+    (
+        "Apple M2",
+        {"kind": "mps", "name": "Apple M2"},
+        "an Apple GPU computes fp16 natively: fp16 with a GradScaler",
+    ),
+]
+
+
+def check_pick_amp_dtype(fn: Callable[[dict[str, Any]], tuple[str, bool]]) -> CheckResult:
+    """Exercise 2: pick_amp_dtype(description) -> ('bf16' | 'fp16' | 'fp32', use_scaler) (chapter 3)."""
+
+    def probes() -> None:
+        for label, desc, hint in _MACHINES:
+            got = fn(dict(desc))
+            expect(
+                isinstance(got, tuple) and len(got) == 2,
+                f"return a pair (dtype name, use_scaler), e.g. ('fp16', True); got {got!r}.",
+            )
+            name, use_scaler = got
+            expected = choose_amp_dtype(desc)
+            expect(
+                name == expected.name,
+                f"{label}: expected {expected.name!r}, got {name!r}: {hint}.",
+            )
+            expect(
+                bool(use_scaler) == expected.use_scaler,
+                f"{label}: use_scaler should be {expected.use_scaler} "
+                f"(only fp16 needs a GradScaler; bf16 has fp32's range).",
+            )
+
+    return run_check("Exercise 2: pick the AMP dtype for a machine", probes)
+
+
+def _grad_norm(params: list[nn.Parameter]) -> float:
+    """Total L2 norm of the parameters' gradients, in fp32 (chapter 3)."""
+    grads = [p.grad.detach().float() for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g) for g in grads])
+    ).item()
+
+
+class _SpyScaler(torch.amp.GradScaler):
+    """A CPU GradScaler that records how the learner's step uses it (chapter 3)."""
+
+    def __init__(self, params: list[nn.Parameter], enabled: bool) -> None:
+        super().__init__("cpu", init_scale=2.0**10, enabled=enabled)
+        self.params = params
+        self.events: list[str] = []
+        self.at_step: list[tuple[float, bool]] = []  # (grad norm, unscale_ called first)
+        self._explicit_unscale = False
+        self._inside_step = False
+        self._scaled = False
+
+    def scale(self, outputs):  # noqa: ANN001, ANN201 - mirrors GradScaler.scale
+        self.events.append("scale")
+        self._scaled = True
+        return super().scale(outputs)
+
+    def _require_scaled(self) -> None:
+        """Fail with a hint (not torch's assertion) when the loss was never scaled (chapter 3)."""
+        if self.is_enabled() and not self._scaled:
+            raise CheckFailed(
+                "fp16: call scaler.scale(loss).backward(), not loss.backward(), so fp16 "
+                "gradients do not underflow (a disabled scaler just returns the loss)."
+            )
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        self._require_scaled()
+        if not self._inside_step:
+            self.events.append("unscale_")
+            self._explicit_unscale = True
+        super().unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        self._require_scaled()
+        self.events.append("step")
+        self.at_step.append((_grad_norm(self.params), self._explicit_unscale))
+        self._inside_step = True
+        try:
+            return super().step(optimizer, *args, **kwargs)
+        finally:
+            self._inside_step = False
+
+    def update(self, new_scale: Any = None) -> None:
+        self.events.append("update")
+        self._explicit_unscale = self._scaled = False
+        super().update(new_scale)
+
+
+def _probe_train_step(fn: Callable[..., Any], dtype: torch.dtype, steps: int = 20) -> None:
+    """Run the learner's AMP step on CPU in `dtype` and check every rule (chapter 3)."""
+    from helpers.data import make_classification_data
+
+    name = "fp16" if dtype == torch.float16 else "bf16"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 1))
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=0.05)
+    scaler = _SpyScaler(params, enabled=dtype == torch.float16)
+    x, y = make_classification_data(256, 20, seed=1)
+    max_norm = 1e-3  # far below the true gradient norm, so clipping always acts
+    seen: list[torch.dtype] = []
+    model[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    losses = []
+    for _ in range(steps):
+        for p in params:  # stale gradients from "before": a correct step discards them
+            p.grad = torch.full_like(p, float("nan"))
+        before = len(scaler.events)
+        loss = fn(model, optimizer, scaler, x, y, nn.BCEWithLogitsLoss(), "cpu", dtype, max_norm)
+        expect(
+            isinstance(loss, (float, int)) or (torch.is_tensor(loss) and loss.numel() == 1),
+            f"return the loss as a float (loss.item()), got {type(loss).__name__}.",
+        )
+        losses.append(float(loss))
+        events = scaler.events[before:]
+        expect(seen, "the model was never called: compute model(x) inside the step.")
+        expect(
+            seen[-1] == dtype,
+            f"{name}: the first Linear produced {seen[-1]}, not {dtype}: run the forward pass "
+            f"and the loss inside `with torch.autocast(device_type, dtype=dtype):`.",
+        )
+        expect(
+            "scale" in events,
+            f"{name}: call scaler.scale(loss).backward(), not loss.backward(), so fp16 gradients "
+            f"do not underflow (a disabled scaler just returns the loss).",
+        )
+        expect(
+            "step" in events,
+            f"{name}: call scaler.step(optimizer) instead of optimizer.step(): the scaler skips "
+            f"steps whose gradients are inf/nan.",
+        )
+        expect(
+            "update" in events[events.index("step") :],
+            f"{name}: call scaler.update() after scaler.step(optimizer), every step.",
+        )
+        norm, unscaled_first = scaler.at_step[-1]
+        expect(
+            math.isfinite(norm),
+            f"{name}: the gradients at scaler.step() are nan: gradients from before the call "
+            f"leaked in. Start with optimizer.zero_grad(set_to_none=True).",
+        )
+        if scaler.is_enabled():
+            expect(
+                unscaled_first,
+                f"{name}: call scaler.unscale_(optimizer) before clipping (and before "
+                f"scaler.step), so that max_norm applies to the true gradients.",
+            )
+        expect(
+            norm <= max_norm * 1.01,
+            f"{name}: the gradient norm at scaler.step() was {norm:.3g} > max_norm={max_norm}: "
+            f"clip with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after "
+            f"unscale_ and before step.",
+        )
+        expect(
+            norm >= max_norm * 0.99,
+            f"{name}: the gradient norm at scaler.step() was {norm:.3g}, far below max_norm="
+            f"{max_norm}: you clipped the *scaled* gradients. Call scaler.unscale_(optimizer) "
+            f"first, then clip.",
+        )
+    expect(
+        all(math.isfinite(v) for v in losses) and sum(losses[-3:]) / 3 < 0.9 * losses[0],
+        f"{name}: the loss did not go down over {steps} steps ({losses[0]:.3f} -> "
+        f"{losses[-1]:.3f}); check that the optimizer really steps.",
+    )
+
+
+def check_amp_train_step(fn: Callable[..., Any]) -> CheckResult:
+    """Exercise 3: one AMP step: autocast, scaled backward, unscale_, clip, step, update (chapter 3)."""
+
+    def probes() -> None:
+        _probe_train_step(fn, torch.float16)
+        _probe_train_step(fn, torch.bfloat16)
+
+    return run_check("Exercise 3: the AMP training step", probes)
+
+
+def _scaler_history(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+) -> None:
+    """One skipped (inf) step, then two clean ones: scale halved, growth counter at 2 (chapter 3)."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(3))
+    for factor in (float("inf"), 1.0, 1.0):
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(model(x).pow(2).mean() * factor).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def _fresh(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]:
+    """A model, Adam and a CPU GradScaler that doubles after 3 clean steps (chapter 3)."""
+    torch.manual_seed(seed)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return model, optimizer, torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=3)
+
+
+def check_scaler_checkpoint(
+    save_fn: Callable[[Path, nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Any],
+    load_fn: Callable[[Path, nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Any],
+) -> CheckResult:
+    """Exercise 4: a checkpoint restores model, optimizer and GradScaler, and loads with weights_only (chapter 3)."""
+
+    def probes() -> None:
+        model, optimizer, scaler = _fresh(seed=0)
+        _scaler_history(model, optimizer, scaler)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "checkpoint.pt"
+            save_fn(path, model, optimizer, scaler)
+            expect(
+                path.exists(), f"save_checkpoint did not write {path.name}: torch.save(..., path)."
+            )
+            try:
+                torch.load(path, weights_only=True)
+            except Exception as exc:
+                raise CheckFailed(
+                    "torch.load(path, weights_only=True) cannot read the checkpoint: save the "
+                    "state_dict()s (plain tensors and numbers), not the objects "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})."
+                ) from None
+            model2, optimizer2, scaler2 = _fresh(seed=1)
+            load_fn(path, model2, optimizer2, scaler2)
+        expect(
+            all(
+                torch.equal(a, b)
+                for a, b in zip(model.state_dict().values(), model2.state_dict().values())
+            ),
+            "the model's weights were not restored: save model.state_dict() and call model.load_state_dict().",
+        )
+        expect(
+            optimizer2.state_dict()["state"]
+            and torch.equal(
+                optimizer2.state_dict()["state"][0]["exp_avg"],
+                optimizer.state_dict()["state"][0]["exp_avg"],
+            ),
+            "the optimizer's state (Adam's moments) was not restored: save optimizer.state_dict() "
+            "and call optimizer.load_state_dict().",
+        )
+        expect(
+            scaler2.get_scale() == scaler.get_scale(),
+            f"the GradScaler's scale is {scaler2.get_scale():g} after loading, but was "
+            f"{scaler.get_scale():g} when saved: save scaler.state_dict() and call scaler.load_state_dict().",
+        )
+        expect(
+            scaler2.state_dict() == scaler.state_dict(),
+            "the GradScaler's growth counter was not restored: load the whole scaler.state_dict().",
+        )
+
+    return run_check("Exercise 4: checkpoint the GradScaler", probes)
