@@ -1,0 +1,152 @@
+"""What every chapter 4 script shares: joining the process group, logging, results (chapter 4).
+
+The scripts run under ``torchrun``, which starts one process per rank and describes the job
+in environment variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``). :func:`setup` reads them, picks the backend (NCCL with one GPU per rank on
+CUDA, gloo on CPU) and joins the group with a timeout, so a lost peer becomes an error
+instead of a hang. Results go to ``--out DIR`` as ``torch.save`` files that the notebook
+reads back with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: Environment variable the launcher uses to pass the backend to every rank.
+BACKEND_ENV = "COURSE_DIST_BACKEND"
+#: The backends the course uses.
+BACKENDS = ("gloo", "nccl")
+#: Rank 0 prints this once the process group is up; the launcher times start-up with it.
+READY_MARKER = "[course] process group ready"
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class Context:
+    """Who this process is in the job: rank, world size, local rank, backend, device (chapter 4)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the one that logs and saves (chapter 4)."""
+        return self.rank == 0
+
+
+def choose_backend() -> str:
+    """The backend from $COURSE_DIST_BACKEND, else NCCL when CUDA exists, else gloo (chapter 4)."""
+    name = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if not name:
+        name = "nccl" if torch.cuda.is_available() else "gloo"
+    if name not in BACKENDS:
+        raise SystemExit(f"Unknown backend {name!r} in ${BACKEND_ENV}: use one of {BACKENDS}.")
+    if name == "nccl" and not torch.cuda.is_available():
+        raise SystemExit("The nccl backend needs CUDA GPUs, and torch sees none: use gloo.")
+    return name
+
+
+def setup(timeout_s: float = 60.0) -> Context:
+    """Join the process group torchrun described in the environment, with a timeout (chapter 4)."""
+    missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
+    if missing:
+        script = Path(sys.argv[0]).name
+        raise SystemExit(
+            f"{script}: {', '.join(missing)} not set. Start it with torchrun, e.g. "
+            f"`torchrun --standalone --nproc-per-node=2 {script} --out /tmp/run`, or from a "
+            f"notebook with helpers.distributed.launch('{Path(script).stem}')."
+        )
+    backend = choose_backend()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            raise SystemExit(
+                f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible. "
+                f"Start at most one process per GPU."
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # exact comparisons with fp32 references
+        torch.backends.cudnn.allow_tf32 = False
+        dist.init_process_group(backend, timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend, timeout=timeout)
+    ctx = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
+    dist.barrier()
+    if ctx.is_main:
+        print(
+            f"{READY_MARKER}: {ctx.world_size} rank(s), backend {backend}, device {device.type}, "
+            f"{torch.get_num_threads()} thread(s) per rank",
+            flush=True,
+        )
+    return ctx
+
+
+def teardown() -> None:
+    """Leave the process group cleanly (chapter 4)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def log(ctx: Context, message: str) -> None:
+    """Print on rank 0 only: one log line per job, not one per rank (chapter 4)."""
+    if ctx.is_main:
+        print(f"[rank 0] {message}", flush=True)
+
+
+def say(ctx: Context, message: str) -> None:
+    """Print from every rank, prefixed with its rank (chapter 4)."""
+    print(f"[rank {ctx.rank}] {message}", flush=True)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every script takes: --out, --seed, --pg-timeout (chapter 4)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", required=True, type=Path, help="folder for the results")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout, s")
+    return p
+
+
+def write_result(out: Path, ctx: Context, result: dict[str, Any]) -> Path:
+    """Save this rank's results as OUT/rank<r>.pt for the notebook to load (chapter 4)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rank{ctx.rank}.pt"
+    torch.save(result, path)
+    return path
+
+
+def make_mlp(sizes: tuple[int, ...] = (20, 64, 32, 1), seed: int = 0) -> nn.Sequential:
+    """Linear+ReLU layers of the given widths, the last without ReLU, seeded on the CPU (chapter 4)."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """All parameters of a model as one CPU vector (chapter 4)."""
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+
+
+def grads(model: nn.Module) -> list[torch.Tensor]:
+    """A CPU copy of every parameter's gradient (chapter 4)."""
+    return [p.grad.detach().cpu().clone() for p in model.parameters()]

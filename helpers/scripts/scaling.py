@@ -1,0 +1,105 @@
+"""Training throughput with DDP at this many ranks, or nn.DataParallel in one process (chapter 4).
+
+Weak scaling: every rank trains on its own batch of ``--per-rank-batch`` samples, so the
+global batch grows with the number of ranks. Step time is measured in ``--blocks`` blocks of
+``--steps`` steps; every block starts after a barrier and ends after a device sync, and the
+slowest rank's time counts (all_reduce with MAX), because a step is only done when every
+rank is done. (``helpers.timing.benchmark`` cannot be used here: it picks its own number of
+repeats per process, and ranks that run different numbers of collectives deadlock.)
+
+    torchrun --standalone --nproc-per-node=2 scaling.py --out /tmp/scaling
+    python -m torch.distributed.run --nproc-per-node=1 ... scaling.py --mode dataparallel
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.scripts.common import Context, log, make_mlp, parser, setup, teardown, write_result
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work; nothing to wait for on CPU (chapter 4)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(ctx: Context, mode: str, width: int, depth: int) -> tuple[nn.Module, int]:
+    """The model to train and how many GPUs/ranks share one step's batch (chapter 4)."""
+    model = make_mlp((width,) * depth + (1,)).to(ctx.device)
+    if mode == "ddp":
+        ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+        return DDP(model, device_ids=ids), 1
+    if ctx.world_size != 1 or ctx.device.type != "cuda" or torch.cuda.device_count() < 2:
+        raise SystemExit("--mode dataparallel needs one process (nproc 1) and at least 2 GPUs.")
+    return nn.DataParallel(model), torch.cuda.device_count()  # scatters the batch over GPUs
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=["ddp", "dataparallel"], default="ddp")
+    p.add_argument("--per-rank-batch", type=int, default=256)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--blocks", type=int, default=5)
+    args = p.parse_args()
+    ctx = setup(args.pg_timeout)
+    net, gpus_per_rank = build(ctx, args.mode, args.width, args.depth)
+    batch = args.per_rank_batch * gpus_per_rank
+    g = torch.Generator().manual_seed(args.seed + ctx.rank)
+    x = torch.randn(batch, args.width, generator=g).to(ctx.device)
+    y = (x.sum(dim=1, keepdim=True) > 0).float()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    per_step: list[float] = []
+    for _ in range(args.blocks):
+        dist.barrier()
+        sync(ctx.device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        sync(ctx.device)
+        elapsed = torch.tensor([time.perf_counter() - start], device=ctx.device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        per_step.append(elapsed.item() / args.steps)
+    q1, _, q3 = statistics.quantiles(per_step, n=4) if len(per_step) > 1 else (0, 0, 0)
+    median = statistics.median(per_step)
+    global_batch = batch * ctx.world_size
+    result = {
+        "mode": args.mode,
+        "world_size": ctx.world_size,
+        "threads": torch.get_num_threads(),
+        "global_batch": global_batch,
+        "step_times_s": per_step,
+        "step_median_s": median,
+        "step_iqr_s": q3 - q1,
+        "samples_per_s": global_batch / median,
+    }
+    if ctx.is_main:
+        write_result(args.out, ctx, result)
+    log(
+        ctx,
+        f"{args.mode}: {ctx.world_size} rank(s), global batch {global_batch}, "
+        f"{median * 1e3:.2f} ms/step, {global_batch / median:,.0f} samples/s",
+    )
+    teardown()
+
+
+if __name__ == "__main__":
+    main()

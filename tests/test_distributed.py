@@ -1,0 +1,438 @@
+"""The chapter 4 launcher (helpers.distributed), its scripts, and the Slurm example.
+
+Launches use 2 gloo processes on the CPU, like the notebook on a machine without 2 GPUs.
+Each costs a few seconds (torch is imported by torchrun and by every rank).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from helpers import distributed as d
+from helpers.data import make_classification_data
+from helpers.scripts import elastic_train
+from helpers.scripts.common import READY_MARKER, make_mlp
+
+ROOT = Path(__file__).resolve().parent.parent
+SBATCH = ROOT / "slurm" / "torchrun_multinode.sbatch"
+SCRIPTS = {"manual_allreduce", "ddp_train", "fsdp_vs_ddp", "scaling", "elastic_train"}
+
+
+@pytest.fixture(scope="module")
+def torchrun_help() -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--help"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def launch(script: str, args: list, **kw) -> d.LaunchResult:
+    kw.setdefault("echo", False)
+    kw.setdefault("backend", "gloo")
+    kw.setdefault("timeout", 120)
+    return d.launch(script, 2, args, **kw)
+
+
+def close(a: list[torch.Tensor], b: list[torch.Tensor], scale: float = 1.0) -> bool:
+    return all(torch.allclose(x, y * scale, rtol=1e-5, atol=1e-6) for x, y in zip(a, b))
+
+
+# --- the scripts are shipped and findable ----------------------------------------------------
+
+
+def test_scripts_ship_inside_the_package() -> None:
+    assert SCRIPTS | {"exercise_check"} <= set(d.available_scripts())
+    assert (d.SCRIPTS_DIR / "__init__.py").is_file(), "helpers/scripts must be a package"
+    for name in d.available_scripts():
+        path = d.script_path(name)
+        assert path.parent == d.SCRIPTS_DIR and path.suffix == ".py"
+        compile(path.read_text(), str(path), "exec")
+    assert d.script_path(str(d.script_path("scaling"))) == d.script_path("scaling")
+
+
+def test_missing_script_says_which_exist() -> None:
+    with pytest.raises(FileNotFoundError, match="manual_allreduce"):
+        d.script_path("no_such_script")
+    with pytest.raises(FileNotFoundError, match="No script"):
+        d.launch("/tmp/definitely/not/here.py", 2, echo=False)
+
+
+def test_script_source_and_flags() -> None:
+    src = d.script_source("manual_allreduce", "average_gradients")
+    assert src.startswith("def average_gradients") and "all_reduce" in src
+    with pytest.raises(d.LaunchError, match="no function"):
+        d.script_source("manual_allreduce", "nope")
+    assert d.as_flags({"per_rank_batch": 32, "hang": True, "x": False, "y": None}) == [
+        "--per-rank-batch",
+        "32",
+        "--hang",
+    ]
+
+
+# --- bad input is refused before anything starts ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"nproc": 10_000}, "more than this machine allows"),
+        ({"nproc": 0}, "nproc must be > 0"),
+        ({"nproc": -2}, "nproc must be > 0"),
+        ({"nproc": 1.5}, "whole number"),
+        ({"nproc": True}, "whole number"),
+        ({"backend": "mpi"}, "Unknown backend"),
+        ({"timeout": 0}, "timeout must be a positive"),
+        ({"max_restarts": -1}, "max_restarts"),
+    ],
+)
+def test_bad_input_is_refused(kwargs: dict, words: str) -> None:
+    before = set(psutil.Process().children(recursive=True))
+    args = {"nproc": 2, "backend": "gloo", "echo": False, **kwargs}
+    with pytest.raises(d.LaunchError, match=words):
+        d.launch("manual_allreduce", args.pop("nproc"), **args)
+    assert set(psutil.Process().children(recursive=True)) <= before, "nothing may be started"
+
+
+def test_too_many_processes_names_the_limit() -> None:
+    limit = d.max_processes("gloo")
+    assert limit >= 2
+    with pytest.raises(d.LaunchError, match=rf"nproc <= {limit}"):
+        d.check_nproc(limit + 1, "gloo")
+    assert d.check_nproc(limit, "gloo") == limit
+
+
+@pytest.mark.skipif(d.gpu_count() > 0, reason="needs a machine without GPUs")
+def test_nccl_without_gpus_is_refused() -> None:
+    with pytest.raises(d.LaunchError, match="needs CUDA"):
+        d.check_backend("nccl")
+    assert d.default_backend(2) == "gloo"
+
+
+def test_free_port_and_loopback() -> None:
+    import socket
+
+    port = d.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # really free
+    cmd = d.torchrun_command("x.py", 2, ["--a", 1], rdzv_endpoint=f"127.0.0.1:{port}")
+    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and cmd[-3:] == ["x.py", "--a", "1"]
+    env = d.worker_env("gloo", 2)
+    assert env[d.BACKEND_ENV] == "gloo" and int(env["OMP_NUM_THREADS"]) >= 1
+    if d.loopback_interface():
+        assert env["GLOO_SOCKET_IFNAME"] == d.loopback_interface()
+
+
+def test_torchrun_command_flags_exist(torchrun_help: str) -> None:
+    cmd = d.torchrun_command("x.py", 2, max_restarts=1)
+    for flag in [c.split("=")[0] for c in cmd if c.startswith("--")]:
+        assert flag in torchrun_help, f"torchrun has no {flag}"
+
+
+def test_script_outside_torchrun_explains(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    run = subprocess.run(
+        [sys.executable, str(d.script_path("ddp_train")), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode != 0 and "Start it with torchrun" in run.stderr
+
+
+def test_explain_failure_reads_torchrun_report() -> None:
+    report = textwrap.dedent(
+        """\
+        [rank0]: RuntimeError: Connection closed by peer
+        Root Cause (first observed failure):
+        [0]:
+          rank      : 1 (local_rank: 1)
+          exitcode  : 3 (pid: 42)
+        """
+    )
+    res = d.LaunchResult(command=[], nproc=2, backend="gloo", returncode=1, seconds=4.2)
+    res.lines = report.splitlines()
+    msg = d.explain_failure(res, 60)
+    assert "rank 1 failed first (exit code 3) without a Python traceback" in msg
+    assert "rank 0: RuntimeError: Connection closed by peer" in msg
+    res.timed_out = True
+    assert "timeout" in d.explain_failure(res, 60)
+
+
+def test_echo_hides_only_torchruns_own_traceback() -> None:
+    shown: list[str] = []
+    echo = d._HideLauncherTraceback(shown.append)
+    lines = [
+        "[rank0]: RuntimeError: the rank's error",
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        "    raise ChildFailedError(",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "Root Cause (first observed failure):",
+        "Traceback (most recent call last):",
+        '  File "/x/ddp_train.py", line 3, in <module>',
+        "ValueError: a rank's own traceback",
+    ]
+    for line in lines:
+        echo(line)
+    assert shown[0] == lines[0] and "hidden" in shown[1] and shown[2] == lines[5]
+    assert shown[3:] == lines[6:], "a rank's unprefixed traceback is kept"
+
+
+def test_kill_tree_stops_grandchildren_in_other_sessions() -> None:
+    code = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "start_new_session=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    root = psutil.Process(proc.pid)
+    for _ in range(100):
+        kids = root.children(recursive=True)
+        if kids:
+            break
+        psutil.wait_procs([], timeout=0.05)
+    assert kids, "the grandchild did not start"
+    hit = d.kill_tree(root, kids)
+    proc.wait(timeout=10)
+    assert set(hit) >= {proc.pid, *(k.pid for k in kids)}
+    assert d.alive_pids([proc.pid, *(k.pid for k in kids)]) == []
+
+
+# --- the scripts do what the chapter says -----------------------------------------------------
+
+
+def test_manual_allreduce_equals_one_process(tmp_path: Path) -> None:
+    res = launch("manual_allreduce", ["--out", tmp_path, "--per-rank-batch", 8], watch_sockets=True)
+    assert res.ok and res.seconds_until(READY_MARKER) is not None
+    x, y = make_classification_data(16, seed=0)
+    model = make_mlp(seed=0)
+    nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+    ref = [p.grad for p in model.parameters()]
+    ranks = d.read_results(tmp_path, 2)
+    for r in ranks:
+        assert close(r["averaged"], ref)
+        assert not close(r["local"], ref)
+        assert close(r["no_division"], ref, 2.0)
+        assert close(r["sources_recipe"], ref, 2.0)
+    assert all(torch.equal(a, b) for a, b in zip(ranks[1]["no_grad_local"], ranks[1]["local"]))
+    # every address torchrun and the ranks listen on is loopback, or the TCPStore's wildcard
+    addrs = {ip for _, ip, _ in res.listening}
+    assert addrs, "no listening socket was seen"
+    assert addrs <= {"127.0.0.1", "::1", "::", "0.0.0.0"}, addrs
+    assert d.alive_pids(res.child_pids) == []
+
+
+def test_ddp_train(tmp_path: Path) -> None:
+    b, n, epochs, lr, accum = 16, 256, 2, 0.1, 3
+    args = ["--out", tmp_path, "--samples", n, "--per-rank-batch", b, "--epochs", epochs]
+    res = launch("ddp_train", [*args, "--lr", lr, "--accum", accum])
+    assert res.ok
+    assert res.rank_lines(0) and not res.rank_lines(1), "only rank 0 logs"
+    r0, r1 = d.read_results(tmp_path, 2)
+    assert r0["identical"] and r1["identical"] and torch.equal(r0["params"], r1["params"])
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)
+    plain = make_mlp()
+    plain.load_state_dict(state)
+    assert torch.equal(
+        torch.cat([p.detach().reshape(-1) for p in plain.parameters()]), r0["params"]
+    )
+    for e in range(epochs):  # DistributedSampler: disjoint shares, covering the data
+        a, c = set(r0["indices"][e].tolist()), set(r1["indices"][e].tolist())
+        assert not a & c and len(a | c) == n
+    assert not torch.equal(r0["indices"][0], r0["indices"][1]), "set_epoch reshuffles"
+    # one process on the same global batches ends with the same weights
+    x, y = make_classification_data(n, seed=0)
+    ref = make_mlp(seed=0)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for e in range(epochs):
+        for s in range(0, n // 2, b):
+            idx = torch.cat([r0["indices"][e][s : s + b], r1["indices"][e][s : s + b]])
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(ref(x[idx]), y[idx]).backward()
+            opt.step()
+    ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    assert torch.allclose(ref_flat, r0["params"], atol=1e-5)
+    # no_sync: the big batch's gradient, one all-reduce round instead of `accum`
+    xa, ya = make_classification_data(accum * b * 2, seed=1)
+    big = make_mlp(seed=0)
+    nn.functional.binary_cross_entropy_with_logits(big(xa), ya).backward()
+    for r in (r0, r1):
+        acc = r["accumulation"]
+        assert close(acc["no_sync"]["grads"], [p.grad for p in big.parameters()])
+        assert close(acc["every_step"]["grads"], [p.grad for p in big.parameters()])
+        assert acc["every_step"]["allreduce_calls"] == accum * acc["no_sync"]["allreduce_calls"]
+
+
+def test_fsdp_matches_ddp_with_half_the_bytes(tmp_path: Path) -> None:
+    res = launch("fsdp_vs_ddp", ["--out", tmp_path, "--width", 64, "--steps", 3])
+    assert res.ok
+    r0, r1 = d.read_results(tmp_path, 2)
+    assert torch.allclose(r0["ddp"]["final"], r0["fsdp"]["final"], atol=1e-6)
+    assert r1["ddp"]["final"] is None, "only rank 0 reports the full weights"
+    for r in d.read_results(tmp_path, 2):
+        assert torch.allclose(torch.tensor(r["ddp"]["losses"]), torch.tensor(r["fsdp"]["losses"]))
+        for name, full, mine in r["fsdp"]["shapes"]:
+            assert mine[0] <= (full[0] + 1) // 2 and mine[1:] == full[1:], name
+        ddp_b, fsdp_b = sum(r["ddp"]["held_bytes"].values()), sum(r["fsdp"]["held_bytes"].values())
+        assert fsdp_b <= ddp_b / 2 + 4 * 64 * 4
+
+
+def test_dead_rank_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
+    res = launch(
+        "elastic_train",
+        ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 2],
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode not in (0, None) and not res.timed_out
+    assert res.seconds < 45, f"took {res.seconds:.1f} s"
+    assert "rank 1 failed first (exit code 3)" in res.message
+    assert len(res.child_pids) >= 2
+    assert d.alive_pids(res.child_pids) == [], "a worker process was left behind"
+    with pytest.raises(d.LaunchError, match="failed first"):
+        launch("elastic_train", ["--out", tmp_path / "b", "--die-rank", 0, "--die-at-step", 0])
+
+
+def test_hang_becomes_an_error_at_the_process_group_timeout(tmp_path: Path) -> None:
+    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 1, "--hang", "--pg-timeout", 5]
+    res = launch("elastic_train", args, timeout=90, check=False)
+    assert res.returncode not in (0, None) and not res.timed_out
+    assert "rank 0 failed first" in res.message
+    assert d.alive_pids(res.child_pids) == []
+
+
+def test_launch_timeout_kills_torchrun_and_workers(tmp_path: Path) -> None:
+    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 0, "--hang", "--pg-timeout", 600]
+    res = launch("elastic_train", args, timeout=25, check=False)
+    assert res.timed_out and not res.ok and "timeout" in res.message
+    assert res.killed_pids and d.alive_pids(res.killed_pids + res.child_pids) == []
+
+
+def test_interrupt_kills_everything(tmp_path: Path) -> None:
+    seen: list[psutil.Process] = []
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. nbval's kernel
+
+    def interrupt_on_hang(line: str) -> None:
+        if "stops answering" in line:
+            now = psutil.Process().children(recursive=True)
+            seen.extend(p for p in now if p.pid not in before)
+            raise KeyboardInterrupt
+
+    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 0, "--hang", "--pg-timeout", 600]
+    with pytest.raises(KeyboardInterrupt):
+        launch("elastic_train", args, echo=interrupt_on_hang)
+    assert len(seen) >= 3, "torchrun and two workers"
+    assert d.alive_pids([p.pid for p in seen]) == []
+
+
+def elastic_reference(steps: int, per_rank: int = 32, lr: float = 0.05) -> torch.Tensor:
+    model = make_mlp(elastic_train.SIZES, seed=0)
+    opt = elastic_train.make_optimizer(model.parameters(), lr)
+    for step in range(steps):
+        x, y = elastic_train.global_batch(step, 2, per_rank)
+        opt.zero_grad()
+        nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 6, "--steps", 10]
+    res = launch("elastic_train", args, max_restarts=1)
+    assert res.ok and any("attempt 1: starting at step 4" in ln for ln in res.lines)
+    (r0,) = d.read_results(tmp_path)
+    assert r0["attempt"] == 1 and r0["resumed_from"] == 4
+    assert torch.allclose(r0["params"], elastic_reference(10), atol=1e-6)
+
+
+# --- scaling: the widget's run and plot functions, and its button -----------------------------
+
+
+def test_scaling_widget_runs_and_plots() -> None:
+    from matplotlib.figure import Figure
+
+    from helpers.widgets import interactive_plot
+
+    controls = d.scaling_controls(max_nproc=2)
+    controls["steps"].value = 5
+    controls["width"].value = 64
+    box = interactive_plot(d.run_scaling, d.plot_scaling, controls)
+    box.run_button.click()
+    result = box.last_result
+    assert result is not None, "the Run button failed; see the widget output"
+    assert result.column("processes") == [1, 2]
+    assert result.rows[0]["efficiency"] == pytest.approx(1.0)
+    assert all(r["samples/s"] > 0 and r["start-up s"] > 0 for r in result.rows)
+    assert isinstance(d.plot_scaling(result), Figure)
+    with pytest.raises(ValueError, match="max_processes"):
+        d.run_scaling(max_processes=0)
+
+
+# --- the Slurm example -------------------------------------------------------------------------
+
+
+def test_slurm_script_parses() -> None:
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True, timeout=30)
+    text = SBATCH.read_text()
+    assert "#SBATCH --nodes=" in text and "--rdzv-endpoint=" in text and "--max-restarts=" in text
+
+
+def torchrun_flags(text: str) -> list[str]:
+    block = text.split("torch.distributed.run", 1)[1].split('"$TRAIN_SCRIPT"', 1)[0]
+    return re.findall(r"(--[a-z][a-z-]*)=", block)
+
+
+def test_slurm_torchrun_flags_exist(torchrun_help: str) -> None:
+    flags = torchrun_flags(SBATCH.read_text())
+    assert {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint"} <= set(flags)
+    for flag in flags:
+        assert flag in torchrun_help, f"torchrun has no {flag}"
+
+
+def test_slurm_script_runs_with_stand_ins(tmp_path: Path) -> None:
+    """srun and scontrol replaced by tiny scripts: one node, 2 CPU ranks, a crash, a restart."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shims = {
+        "scontrol": '#!/usr/bin/env bash\necho "$SLURM_JOB_NODELIST"\n',
+        "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
+    }
+    for name, body in shims.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "localhost",
+        "NPROC_PER_NODE": "2",
+        "MAX_RESTARTS": "1",
+        "RDZV_HOST": "127.0.0.1",
+        "RDZV_PORT": str(d.free_port()),
+        "OUT_DIR": str(tmp_path / "out"),
+        "OMP_NUM_THREADS": "1",
+        d.BACKEND_ENV: "gloo",
+    }
+    run = subprocess.run(
+        ["bash", str(SBATCH), "--die-rank", "1", "--die-at-step", "6", "--steps", "8"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        start_new_session=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (r0,) = d.read_results(tmp_path / "out")
+    assert r0["attempt"] == 1 and r0["resumed_from"] == 4
