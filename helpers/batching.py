@@ -1,0 +1,151 @@
+"""Feeding the device: mini-batches cut from tensors that already live there (chapter 2).
+
+A ``DataLoader`` over a ``TensorDataset`` indexes one sample at a time in Python and stacks
+them (collate) for every batch. When the whole dataset fits on the device, one ``randperm``
+per epoch and one gather per batch do the same job with two tensor operations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from helpers.sweeps import positive_int
+
+
+def check_batch_size(batch_size: int, n_samples: int) -> int:
+    """`batch_size` as an int if 0 < batch_size <= n_samples, else a ValueError saying what to do (chapter 2)."""
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
+        raise ValueError(f"n_samples must be a whole number >= 0, got {n_samples!r}.")
+    if n_samples == 0:
+        raise ValueError("The dataset is empty (0 samples): there is nothing to batch.")
+    batch_size = positive_int(batch_size, "batch_size")
+    if batch_size > n_samples:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the dataset ({n_samples} samples), so "
+            f"every epoch would be a single short batch. Use batch_size <= {n_samples}."
+        )
+    return batch_size
+
+
+def _check_tensors(tensors: tuple[torch.Tensor, ...]) -> int:
+    """The common number of samples of `tensors`; errors for mismatched lengths or devices (chapter 2)."""
+    if not tensors:
+        raise ValueError("Pass at least one tensor, e.g. ResidentBatches(x, y, batch_size=64).")
+    bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
+    if bad:
+        raise TypeError(f"Every argument must be a tensor; got {', '.join(bad)}.")
+    if any(t.dim() == 0 for t in tensors):
+        raise ValueError("Tensors need a first (sample) dimension; got a 0-dim tensor.")
+    lengths = {len(t) for t in tensors}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"All tensors need the same number of samples (first dimension); got "
+            f"{[len(t) for t in tensors]}."
+        )
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(
+            f"All tensors must be on one device; got {sorted(str(d) for d in devices)}. "
+            f"Move them with .to(device) once, before training."
+        )
+    return lengths.pop()
+
+
+class ResidentBatches:
+    """Shuffled mini-batches of device-resident tensors: one randperm per epoch, one gather per batch (chapter 2)."""
+
+    def __init__(
+        self,
+        *tensors: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.n = _check_tensors(tensors)
+        self.batch_size = check_batch_size(batch_size, self.n)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}.")
+        self.tensors, self.shuffle, self.drop_last = tensors, shuffle, drop_last
+        self.generator = generator
+        self.device = tensors[0].device
+
+    def __len__(self) -> int:
+        """Batches per epoch (chapter 2)."""
+        if self.drop_last:
+            return self.n // self.batch_size
+        return math.ceil(self.n / self.batch_size)
+
+    def permutation(self) -> torch.Tensor:
+        """This epoch's order of the samples, on the tensors' device (chapter 2)."""
+        if not self.shuffle:
+            return torch.arange(self.n, device=self.device)
+        where = self.generator.device if self.generator is not None else self.device
+        perm = torch.randperm(self.n, generator=self.generator, device=where)
+        return perm.to(self.device, non_blocking=True)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        perm = self.permutation()
+        stop = len(self) * self.batch_size if self.drop_last else self.n
+        for start in range(0, stop, self.batch_size):
+            idx = perm[start : start + self.batch_size]
+            yield tuple(t.index_select(0, idx) for t in self.tensors)
+
+
+class PermutationSampler(Sampler[int]):
+    """A DataLoader sampler drawing exactly one randperm(n, generator) per epoch, like ResidentBatches (chapter 2)."""
+
+    def __init__(self, n_samples: int, generator: torch.Generator) -> None:
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples <= 0:
+            raise ValueError(f"n_samples must be a whole number > 0, got {n_samples!r}.")
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}.")
+        self.n, self.generator = n_samples, generator
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        yield from torch.randperm(self.n, generator=self.generator).tolist()
+
+
+class SlowReadDataset(Dataset):
+    """(x[i], y[i]) after waiting `read_seconds`, standing in for a slow disk or network read (chapter 2).
+
+    The wait is a ``time.sleep``, which leaves the CPU free the way waiting for storage does.
+    It lives in a module (not the notebook) so DataLoader workers can import it under the
+    ``spawn`` start method (macOS, Windows).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, read_seconds: float) -> None:
+        _check_tensors((x, y))
+        if not isinstance(read_seconds, (int, float)) or not 0 <= read_seconds < 1:
+            raise ValueError(f"read_seconds must be in [0, 1), got {read_seconds!r}.")
+        self.x, self.y, self.read_seconds = x, y, float(read_seconds)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.read_seconds:
+            time.sleep(self.read_seconds)
+        return self.x[i], self.y[i]
+
+
+class DeviceLoader:
+    """Wrap a DataLoader so each batch arrives on `device` (non_blocking where pinned) (chapter 2)."""
+
+    def __init__(self, loader: Iterable, device: str | torch.device) -> None:
+        self.loader, self.device = loader, torch.device(device)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        for batch in self.loader:
+            yield tuple(t.to(self.device, non_blocking=t.is_pinned()) for t in batch)

@@ -1,0 +1,282 @@
+"""Counting host syncs: the calls that make the CPU wait for a tensor's value (chapter 2).
+
+A GPU runs work that the CPU has queued. Any call that needs a tensor's *value* on the host
+(``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``, printing, ``bool(t)`` / ``if t:``) or
+whose output *shape* depends on the values (``nonzero``, boolean masks, ``unique``) makes the
+CPU wait until the queue has drained: a sync.
+
+:class:`SyncCounter` is a ``TorchFunctionMode`` that sees those calls on every device, so a
+loop can be checked on a CPU-only laptop before it runs on a GPU. On CUDA it also switches on
+``torch.cuda.set_sync_debug_mode("warn")`` and counts what the driver-side check reports,
+which includes blocking host-to-device copies (``.to(device)`` without ``non_blocking``).
+
+One rule keeps the count honest on a CPU, where every tensor is a host tensor: reads of CPU
+tensors made by PyTorch's own Python code (the DataLoader's sampler, Adam's step counter,
+which PyTorch keeps on the host on purpose) or by the course's sampler in
+``helpers.batching`` are host bookkeeping that stays on the host in a GPU run too, so they
+are recorded but not counted. Reads made by your code are counted, because in a GPU run
+your tensors live on the GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_T = torch.Tensor
+
+#: Calls that need a tensor's value on the host, with the name the counter reports.
+VALUE_READS: dict[Callable[..., Any], str] = {
+    _T.item: ".item()",
+    _T.tolist: ".tolist()",
+    _T.numpy: ".numpy()",
+    _T.cpu: ".cpu()",
+    _T.__array__: "numpy.asarray(t)",
+    _T.__repr__: "print / repr",
+    _T.__format__: "f-string format",
+    _T.__bool__: "bool(t) / if t:",
+    _T.__int__: "int(t)",
+    _T.__float__: "float(t)",
+    _T.__index__: "t used as an index",
+    _T.__complex__: "complex(t)",
+    torch.equal: "torch.equal",
+    torch.allclose: "torch.allclose",
+    torch.is_nonzero: "torch.is_nonzero",
+    _T.equal: "t.equal",
+    _T.allclose: "t.allclose",
+    _T.is_nonzero: "t.is_nonzero",
+}
+
+#: Calls whose output shape depends on the values, so the host must read them.
+DATA_DEPENDENT: dict[Callable[..., Any], str] = {
+    torch.nonzero: "nonzero",
+    _T.nonzero: "nonzero",
+    torch.argwhere: "argwhere",
+    _T.argwhere: "argwhere",
+    torch.masked_select: "masked_select",
+    _T.masked_select: "masked_select",
+    torch.unique: "unique",
+    _T.unique: "unique",
+    torch.unique_consecutive: "unique_consecutive",
+    _T.unique_consecutive: "unique_consecutive",
+    torch.bincount: "bincount",
+    _T.bincount: "bincount",
+}
+
+#: Calls that sync only with some arguments (checked in :func:`_conditional_sync`).
+CONDITIONAL: dict[Callable[..., Any], str] = {
+    torch.where: "torch.where(condition)",
+    _T.__getitem__: "boolean-mask indexing",
+    _T.__setitem__: "boolean-mask assignment",
+    torch.repeat_interleave: "repeat_interleave(tensor repeats)",
+    _T.repeat_interleave: "repeat_interleave(tensor repeats)",
+    _T.to: ".to('cpu') from a device",
+    _T.copy_: "copy_ from a device to the host",
+}
+
+#: Code whose reads of CPU tensors are host-side bookkeeping (PyTorch itself, the course's sampler).
+HOST_SIDE_CODE: tuple[str, ...] = (
+    str(Path(torch.__file__).parent),
+    str(Path(__file__).parent / "batching.py"),
+)
+_THIS_FILE = str(Path(__file__))
+# Frames that only forward the call to the mode: the override machinery and the Python
+# wrappers of the calls above (Tensor methods, torch.unique's dispatch), and this module.
+_PLUMBING = tuple(
+    str(Path(torch.__file__).parent / name)
+    for name in (
+        "overrides.py",
+        "_tensor.py",
+        "_tensor_str.py",
+        "functional.py",
+        "_jit_internal.py",
+        "utils/_device.py",
+    )
+)
+
+
+@dataclass
+class SyncEvent:
+    """One call that reads a tensor's value on the host (chapter 2)."""
+
+    what: str
+    device: str
+    where: str
+    counted: bool
+
+
+def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among the call's arguments, one level into lists and tuples (chapter 2)."""
+    found: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found += [t for t in a if isinstance(t, torch.Tensor)]
+    return found
+
+
+def _has_mask(index: Any) -> bool:
+    """True if an index (or a tuple of them) holds a bool or uint8 tensor (chapter 2)."""
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8) for p in parts)
+
+
+def _target_is_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """True if a .to(...) call moves to the CPU (chapter 2)."""
+    for a in (*args[1:], kwargs.get("device")):
+        if isinstance(a, (str, torch.device)):
+            return torch.device(a).type == "cpu"
+        if isinstance(a, torch.Tensor):
+            return a.device.type == "cpu"
+    return False
+
+
+def _conditional_sync(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict) -> bool:
+    """Whether a call from CONDITIONAL syncs with these arguments (chapter 2)."""
+    if func is torch.where:
+        return len(args) + len(kwargs) == 1
+    if func in (_T.__getitem__, _T.__setitem__):
+        return len(args) > 1 and _has_mask(args[1])
+    if func in (torch.repeat_interleave, _T.repeat_interleave):
+        # torch.repeat_interleave(repeats) alone is the one-argument form
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
+        return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+    source = args[1] if func is _T.copy_ and len(args) > 1 else args[0] if args else None
+    if not isinstance(source, torch.Tensor) or source.device.type == "cpu":
+        return False  # a CPU-to-CPU .to()/copy_ is not a read-back; see the module notes
+    if func is _T.copy_:
+        return isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
+    return _target_is_host(args, kwargs)
+
+
+def _caller(host_code: tuple[str, ...]) -> tuple[str, bool]:
+    """'file:line' of the code that made the call, and whether it is host-side code (chapter 2)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != _THIS_FILE and not name.startswith(_PLUMBING):
+            return f"{Path(name).name}:{frame.f_lineno}", name.startswith(host_code)
+        frame = frame.f_back
+    return "?", False
+
+
+class SyncCounter(TorchFunctionMode):
+    """Count host reads of tensor values (what forces a GPU sync) inside a `with` block, on any device (chapter 2)."""
+
+    def __init__(
+        self, cuda_debug: bool | None = None, host_code: tuple[str, ...] = HOST_SIDE_CODE
+    ) -> None:
+        super().__init__()
+        self.host_code = tuple(host_code)
+        self.events: list[SyncEvent] = []
+        self.cuda_debug = torch.cuda.is_available() if cuda_debug is None else cuda_debug
+        if self.cuda_debug and not torch.cuda.is_available():
+            raise RuntimeError(
+                "cuda_debug=True needs a CUDA (or ROCm) GPU; leave it as None to use it "
+                "only where one exists."
+            )
+        self.cuda_syncs: int | None = None
+        self._previous_mode = 0
+        self._warnings: Any = None
+        self._caught: list[warnings.WarningMessage] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        what = VALUE_READS.get(func) or DATA_DEPENDENT.get(func)
+        if what is None and func in CONDITIONAL and _conditional_sync(func, args, kwargs):
+            what = CONDITIONAL[func]
+        if what is not None:
+            tensors = _tensors_in(args, kwargs)
+            on_host = all(t.device.type == "cpu" for t in tensors)
+            where, host_side = _caller(self.host_code)
+            devices = sorted({t.device.type for t in tensors}) or ["?"]
+            counted = not (on_host and host_side)
+            self.events.append(SyncEvent(what, "/".join(devices), where, counted))
+        return func(*args, **kwargs)
+
+    def __enter__(self) -> SyncCounter:
+        self.events.clear()
+        self.cuda_syncs = None
+        if self.cuda_debug:
+            self._previous_mode = torch.cuda.get_sync_debug_mode()
+            self._warnings = warnings.catch_warnings(record=True)
+            self._caught = self._warnings.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self.cuda_debug:
+            torch.cuda.set_sync_debug_mode(self._previous_mode)
+            self._warnings.__exit__(*exc)
+            syncs = [w for w in self._caught if "synchronizing CUDA operation" in str(w.message)]
+            self.cuda_syncs = len(syncs)
+            for w in self._caught:  # hand every other warning back to the user
+                if w not in syncs:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    @property
+    def count(self) -> int:
+        """How many host reads were counted, host-side bookkeeping left out (chapter 2)."""
+        return sum(e.counted for e in self.events)
+
+    @property
+    def ignored(self) -> int:
+        """Reads of CPU tensors by host-side code (PyTorch, the course's sampler): not syncs (chapter 2)."""
+        return sum(not e.counted for e in self.events)
+
+    def by_kind(self) -> Counter[str]:
+        """Counted reads grouped by what did them, e.g. {'.item()': 157} (chapter 2)."""
+        return Counter(e.what for e in self.events if e.counted)
+
+    def by_place(self) -> Counter[str]:
+        """Counted reads grouped by 'what at file:line' (chapter 2)."""
+        return Counter(f"{e.what} at {e.where}" for e in self.events if e.counted)
+
+    def __str__(self) -> str:
+        kinds = ", ".join(f"{k} x{v}" for k, v in self.by_kind().most_common()) or "none"
+        text = f"{self.count} host sync(s): {kinds}"
+        if self.ignored:
+            text += f" (not counted: {self.ignored} host-side bookkeeping read(s) by PyTorch)"
+        if self.cuda_syncs is not None:
+            text += f"; CUDA sync debug mode reported {self.cuda_syncs}"
+        return text
+
+    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
+        p.text(str(self))
+
+
+def count_syncs(
+    fn: Callable[..., Any], *args: Any, cuda_debug: bool | None = None, **kwargs: Any
+) -> tuple[Any, SyncCounter]:
+    """Run fn(*args, **kwargs) under a SyncCounter; return (its result, the counter) (chapter 2)."""
+    if not callable(fn):
+        raise TypeError(f"count_syncs() needs a function to call, got {type(fn).__name__}.")
+    counter = SyncCounter(cuda_debug=cuda_debug)
+    with counter:
+        result = fn(*args, **kwargs)
+    return result, counter
+
+
+def sync_kinds() -> Iterator[tuple[str, str]]:
+    """(kind, call) for every call the counter knows, for a table in the notebook (chapter 2)."""
+    seen: set[str] = set()
+    for kind, table in (
+        ("reads a value", VALUE_READS),
+        ("data-dependent shape", DATA_DEPENDENT),
+        ("depends on the arguments", CONDITIONAL),
+    ):
+        for name in table.values():
+            if name not in seen:
+                seen.add(name)
+                yield kind, name

@@ -1,0 +1,153 @@
+"""Throughput vs batch size for the sources' MLP: the sweep, its plot and its widget controls (chapter 2)."""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.batching import DeviceLoader, ResidentBatches, check_batch_size
+from helpers.data import make_classification_data
+from helpers.devices import resolve_device
+from helpers.loops import best_adam_impl, fast_epoch, make_adam, make_mlp, torch_threads
+from helpers.sweeps import SweepResult, positive_int, run_sweep
+from helpers.timing import benchmark
+
+FEEDING = ("resident", "DataLoader")
+
+
+def batch_sizes_from_log2(log2_batch: tuple[int, int]) -> list[int]:
+    """(3, 6) -> [8, 16, 32, 64], with a clear error for a bad range (chapter 2)."""
+    try:
+        lo, hi = (int(v) for v in log2_batch)
+    except (TypeError, ValueError):
+        raise ValueError(f"log2_batch must be a pair (low, high), got {log2_batch!r}.") from None
+    if not 0 <= lo <= hi <= 20:
+        raise ValueError(f"log2_batch must satisfy 0 <= low <= high <= 20, got {log2_batch!r}.")
+    return [2**k for k in range(lo, hi + 1)]
+
+
+def _batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, feeding: str, seed: int):
+    """Resident batches or a DataLoader moving each batch to x's device (chapter 2)."""
+    g = torch.Generator().manual_seed(seed)
+    if feeding == "resident":
+        return ResidentBatches(x, y, batch_size=batch_size, generator=g)
+    loader = DataLoader(
+        TensorDataset(x.cpu(), y.cpu()), batch_size=batch_size, shuffle=True, generator=g
+    )
+    return DeviceLoader(loader, x.device)
+
+
+def measure_batch_size(
+    batch_size: int,
+    *,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    feeding: str = "resident",
+    min_run_time: float = 0.1,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Train one epoch from a fixed init (its loss is the 'after 1 epoch' column), then time epochs (chapter 2)."""
+    batch_size = check_batch_size(batch_size, len(x))
+    if feeding not in FEEDING:
+        raise ValueError(f"feeding must be one of {FEEDING}, got {feeding!r}.")
+    torch.manual_seed(seed)
+    model = make_mlp(logits=True).to(x.device)
+    optimizer = make_adam(model.parameters(), impl=best_adam_impl(x.device))
+    loss_fn = nn.BCEWithLogitsLoss()
+    batches = _batches(x, y, batch_size, feeding, seed)
+    fast_epoch(model, batches, optimizer, loss_fn)  # first epoch: also the warm-up
+    with torch.no_grad():
+        loss_after_one = loss_fn(model(x), y).item()
+    timed = benchmark(
+        fast_epoch,
+        model,
+        batches,
+        optimizer,
+        loss_fn,
+        device=x.device,
+        warmup=0,
+        min_run_time=min_run_time,
+        min_repeats=2,
+    )
+    steps = len(batches)
+    return {
+        "steps/epoch": steps,
+        "ms/epoch": timed.median * 1e3,
+        "µs/step": timed.median / steps * 1e6,
+        "samples/s": len(x) / timed.median,
+        "loss after 1 epoch": loss_after_one,
+    }
+
+
+def run_throughput(
+    log2_batch: tuple[int, int] = (3, 11),
+    feeding: str = "resident",
+    *,
+    device: str | torch.device | None = "cpu",
+    n_samples: int = 10_000,
+    threads: int | None = None,
+    min_run_time: float = 0.1,
+    progress: bool = False,
+) -> SweepResult:
+    """Sweep batch sizes 2**low .. 2**high on the sources' task: time per epoch and step, samples/s (chapter 2)."""
+    device = resolve_device(device)
+    n_samples = positive_int(n_samples, "n_samples")
+    sizes = [b for b in batch_sizes_from_log2(log2_batch) if b <= n_samples]
+    if not sizes:
+        raise ValueError(
+            f"Every batch size in 2**{log2_batch[0]} .. 2**{log2_batch[1]} is larger than the "
+            f"{n_samples} samples; lower the range."
+        )
+    if feeding not in FEEDING:
+        raise ValueError(f"feeding must be one of {FEEDING}, got {feeding!r}.")
+    x, y = make_classification_data(n_samples)
+    x, y = x.to(device), y.to(device)
+    with torch_threads(threads):
+
+        def measure(batch_size: int) -> dict[str, float]:
+            return measure_batch_size(
+                batch_size, x=x, y=y, feeding=feeding, min_run_time=min_run_time
+            )
+
+        result = run_sweep(measure, sizes, param="batch size", progress=progress)
+    result.device, result.feeding = str(device), feeding
+    return result
+
+
+def plot_throughput(result: SweepResult) -> Figure:
+    """Samples/s, time per step (the overhead floor) and loss after one epoch vs batch size (chapter 2)."""
+    if not len(result):
+        raise ValueError("The sweep has no rows to plot; run it with at least one batch size.")
+    sizes = result.column("batch size")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (
+        ("samples/s", "samples / s", "throughput"),
+        ("µs/step", "µs per step", "time per step (flat = overhead floor)"),
+        ("loss after 1 epoch", "loss", "after one epoch: a different experiment"),
+    )
+    for ax, (column, ylabel, title) in zip(axes, panels):
+        ax.plot(sizes, result.column(column), marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="batch size", ylabel=ylabel, title=title)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    where = getattr(result, "device", "")
+    feeding = getattr(result, "feeding", "")
+    fig.suptitle(f"The sources' MLP on {where}, {feeding} batches".strip())
+    fig.tight_layout()
+    return fig
+
+
+def throughput_controls(log2_batch: tuple[int, int] = (3, 11), max_log2: int = 13) -> dict:
+    """The widget's controls: a log2 batch-size range and how batches are fed (chapter 2)."""
+    return {
+        "log2_batch": widgets.IntRangeSlider(
+            value=log2_batch, min=0, max=max_log2, step=1, description="log2 batch"
+        ),
+        "feeding": widgets.Dropdown(options=list(FEEDING), value="resident", description="feeding"),
+    }
