@@ -1,16 +1,44 @@
 """Helpers for the course "Training PyTorch models on GPUs, and making them fast".
 
 The notebooks show each technique in plain PyTorch; these modules only hide measuring,
-plotting and widget plumbing. One module per concern:
+plotting and widget plumbing. One module per concern, listed by the chapter that
+introduces it:
 
-- ``helpers.devices``: choosing and describing a device (chapter 1)
-- ``helpers.timing``: the one benchmark function every chapter uses (chapter 1)
-- ``helpers.memory``: memory readouts and peak tracking (chapter 1)
-- ``helpers.gpu_monitor``: NVML snapshots through nvidia-ml-py (chapter 1)
-- ``helpers.sweeps``: out-of-memory-safe sweeps that collect a table (chapter 1)
-- ``helpers.plots``: small matplotlib helpers (chapter 1)
-- ``helpers.widgets``: ipywidgets controls in front of a sweep function (chapter 1)
-- ``helpers.checks``: the exercise-check framework, one module per chapter (chapter 1)
+Chapter 1, devices
+- ``helpers.devices``: choosing, checking and describing a device
+- ``helpers.timing``: the one benchmark function every chapter uses
+- ``helpers.memory``: memory readouts and peak tracking
+- ``helpers.gpu_monitor``: NVML snapshots through nvidia-ml-py
+- ``helpers.sweeps``: out-of-memory-safe sweeps that collect a table
+- ``helpers.tables`` and ``helpers.plots``: text tables and matplotlib figures
+- ``helpers.widgets``: ipywidgets controls in front of a sweep function
+- ``helpers.checks``: the exercise-check framework, with one module per chapter
+- ``helpers.matmul``: the matmul size sweep
+
+Chapter 2, the training loop
+- ``helpers.data``: the sources' synthetic task, made in code
+- ``helpers.syncs``: counting host syncs on any device
+- ``helpers.batching``: device-resident batches, samplers, a slow dataset
+- ``helpers.loops``: the sources' loop and the fast loop, thread and timing helpers
+- ``helpers.throughput``: the batch-size sweep, its plot and widget
+
+Chapter 3, mixed precision
+- ``helpers.precision``: number formats, the AMP dtype by hardware, fp32-vs-AMP sweeps
+
+Chapter 4, multi-GPU
+- ``helpers.distributed``: launching torchrun scripts from a notebook, safely
+- ``helpers.scripts``: the distributed programs the chapter launches
+
+Chapter 5, memory
+- ``helpers.activations``: the saved-tensor activation meter and the layer-by-layer count
+- ``helpers.memory_bill``: the training memory bill, predicted and measured
+- ``helpers.max_batch``: surviving out-of-memory, and the largest batch that fits
+
+Chapter 6, profiling
+- ``helpers.profiling``: profiler plumbing and a bottleneck diagnosis
+- ``helpers.case_study``: the deliberately slow loop and its fixes
+- ``helpers.monitor``: a background sampler of the GPUs (or the process)
+- ``helpers.mfu``: model FLOPs utilisation
 """
 
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import nbfiles as nbtools
 
@@ -15,9 +16,11 @@ import nbfiles as nbtools
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report, change nothing")
+    parser.add_argument("paths", nargs="*", type=Path, help="notebooks to clean (default: all)")
     args = parser.parse_args(argv)
     dirty = []
-    for path in nbtools.all_notebooks():
+    paths = [p.resolve() for p in args.paths] or nbtools.all_notebooks()
+    for path in paths:
         text = path.read_text(encoding="utf-8")
         clean = nbtools.dumps(nbtools.clean(nbtools.read(path)))
         if text != clean:
