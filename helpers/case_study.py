@@ -1,0 +1,342 @@
+"""The chapter's case study: a deliberately slow training loop, and its fixes one at a time (chapter 6).
+
+One function, :func:`train`, holds the loop; each keyword switches one fix on, so every
+variant is the same code apart from the fix it names:
+
+- ``no_sync``: no ``loss.item()`` + ``print`` every step; the loss is summed on the device
+  and read once per epoch;
+- ``preprocess_once``: standardise and clip the whole data set once, vectorised, instead of
+  one sample at a time in ``Dataset.__getitem__``;
+- ``resident``: keep the data on the device and slice batches with the epoch's permutation,
+  instead of a ``DataLoader`` that indexes and collates sample by sample;
+- ``big_batch``: a 16x bigger batch. This one changes the math (fewer, larger steps).
+
+The first three keep the math: same permutations, same batches, same arithmetic, so the
+parameters end up equal to the slow loop's (checked by :func:`same_result`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from torch.profiler import record_function
+from torch.utils.data import DataLoader, Dataset
+
+from helpers.data import make_classification_data
+from helpers.devices import resolve_device
+from helpers.sweeps import positive_int
+from helpers.timing import benchmark
+
+FIX_NAMES = {
+    "no_sync": "no per-step .item() + print",
+    "preprocess_once": "preprocess once, vectorised",
+    "resident": "resident tensors, no DataLoader",
+    "big_batch": "bigger batch (changes the math)",
+}
+
+#: The cumulative variants of the case-study table: each adds one fix to the one before.
+VARIANTS: list[tuple[str, dict[str, bool]]] = [
+    ("slow loop, as written", {}),
+    ("+ " + FIX_NAMES["no_sync"], {"no_sync": True}),
+    ("+ " + FIX_NAMES["preprocess_once"], {"no_sync": True, "preprocess_once": True}),
+    ("+ " + FIX_NAMES["resident"], {"no_sync": True, "preprocess_once": True, "resident": True}),
+    (
+        "+ " + FIX_NAMES["big_batch"],
+        {"no_sync": True, "preprocess_once": True, "resident": True, "big_batch": True},
+    ),
+]
+
+
+def make_model() -> nn.Module:
+    """The sources' MLP, 20-64-32-1, returning logits (chapter 6)."""
+    return nn.Sequential(
+        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1)
+    )
+
+
+def preprocess(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Standardise with the data set's mean and std, clip to [-3, 3], in float64; return float32 (chapter 6)."""
+    z = (x.double() - mean.double()) / std.double()
+    return z.clamp(-3.0, 3.0).float()
+
+
+class PreprocessingDataset(Dataset):
+    """The slow input pipeline: the same preprocessing, in plain Python, one sample at a time (chapter 6)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor):
+        self.x, self.y = x, y
+        self.mean, self.std = mean.tolist(), std.tolist()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = self.x[i].tolist()  # Python floats are float64, like preprocess()
+        z = [min(max((v - m) / s, -3.0), 3.0) for v, m, s in zip(row, self.mean, self.std)]
+        return torch.tensor(z, dtype=torch.float32), self.y[i]
+
+
+class PairDataset(Dataset):
+    """Samples that are already preprocessed: (x[i], y[i]) (chapter 6)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+@dataclass
+class CaseStudy:
+    """Everything every variant shares: raw data, statistics, per-epoch permutations, initial weights (chapter 6)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    perms: list[torch.Tensor]
+    init_state: dict[str, torch.Tensor]
+    batch_size: int = 64
+    big_batch_size: int = 1024
+    lr: float = 1e-3
+
+    @property
+    def epochs(self) -> int:
+        """How many epochs a run trains (one permutation each) (chapter 6)."""
+        return len(self.perms)
+
+
+def make_case_study(
+    n_samples: int = 4096,
+    epochs: int = 1,
+    batch_size: int = 64,
+    big_batch_size: int = 1024,
+    seed: int = 0,
+) -> CaseStudy:
+    """The sources' synthetic task, fixed permutations and fixed initial weights (chapter 6)."""
+    n_samples, epochs = positive_int(n_samples, "n_samples"), positive_int(epochs, "epochs")
+    batch_size = positive_int(batch_size, "batch_size")
+    big_batch_size = positive_int(big_batch_size, "big_batch_size")
+    x, y = make_classification_data(n_samples, 20, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    perms = [torch.randperm(n_samples, generator=g) for _ in range(epochs)]
+    torch.manual_seed(seed)
+    init = {k: v.clone() for k, v in make_model().state_dict().items()}
+    return CaseStudy(x, y, x.mean(0), x.std(0), perms, init, batch_size, big_batch_size)
+
+
+@dataclass
+class RunResult:
+    """What a training run computed: mean loss per epoch, final parameters, steps, lines logged (chapter 6)."""
+
+    epoch_losses: list[float]
+    params: torch.Tensor
+    steps: int
+    log_lines: int
+    options: dict[str, bool] = field(default_factory=dict)
+
+
+def train(
+    cs: CaseStudy,
+    device: str | torch.device = "cpu",
+    *,
+    no_sync: bool = False,
+    preprocess_once: bool = False,
+    resident: bool = False,
+    big_batch: bool = False,
+    log: io.StringIO | None = None,
+    on_step: Callable[[], object] | None = None,
+) -> RunResult:
+    """Train the case study's MLP for cs.epochs epochs; each keyword switches one fix on (chapter 6).
+
+    `on_step` is called after every training step, e.g. ``prof.step`` of a running profiler.
+    """
+    device = resolve_device(device)
+    log = io.StringIO() if log is None else log
+    model = make_model()
+    model.load_state_dict(cs.init_state)
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cs.lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+    batch = cs.big_batch_size if big_batch else cs.batch_size
+    if resident:
+        x_all = preprocess(cs.x, cs.mean, cs.std).to(device)
+        y_all = cs.y.to(device)
+    elif preprocess_once:
+        dataset: Dataset = PairDataset(preprocess(cs.x, cs.mean, cs.std), cs.y)
+    else:
+        dataset = PreprocessingDataset(cs.x, cs.y, cs.mean, cs.std)
+    epoch_losses, steps, lines = [], 0, 0
+    for epoch, perm in enumerate(cs.perms):
+        if resident:
+            batches = iter(perm.to(device).split(batch))
+        else:
+            batches = iter(DataLoader(dataset, batch_size=batch, sampler=perm.tolist()))
+        total, total_on_device, n = 0.0, torch.zeros((), device=device), 0
+        while True:
+            with record_function("data"):
+                item = next(batches, None)
+                if item is None:
+                    break
+                xb, yb = (x_all[item], y_all[item]) if resident else item
+                xb, yb = xb.to(device), yb.to(device)
+            with record_function("forward"):
+                loss = loss_fn(model(xb), yb)
+            with record_function("backward"):
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            with record_function("optimizer"):
+                opt.step()
+            with record_function("logging"):
+                if no_sync:
+                    total_on_device += loss.detach()
+                else:
+                    value = loss.item()  # waits for the device, every step
+                    total += value
+                    print(f"epoch {epoch} step {n} loss {value:.4f}", file=log)
+                    lines += 1
+            n += 1
+            if on_step is not None:
+                on_step()  # e.g. prof.step() when profiling
+        steps += n
+        mean = (total_on_device / n).item() if no_sync else total / n
+        print(f"epoch {epoch}: mean loss {mean:.4f}", file=log)
+        epoch_losses.append(mean)
+        lines += 1
+    params = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    options = {"no_sync": no_sync, "preprocess_once": preprocess_once, "resident": resident}
+    return RunResult(epoch_losses, params, steps, lines, {**options, "big_batch": big_batch})
+
+
+def same_result(a: RunResult, b: RunResult, atol: float = 1e-6) -> bool:
+    """True if two runs end with the same parameters (within atol) and the same epoch losses (chapter 6)."""
+    if a.params.shape != b.params.shape or len(a.epoch_losses) != len(b.epoch_losses):
+        return False
+    losses_a, losses_b = torch.tensor(a.epoch_losses), torch.tensor(b.epoch_losses)
+    return bool(
+        torch.allclose(a.params, b.params, rtol=0.0, atol=atol)
+        and torch.allclose(losses_a, losses_b, rtol=1e-5, atol=1e-7)
+    )
+
+
+def time_variant(
+    cs: CaseStudy, device: str | torch.device, min_run_time: float = 0.3, **fixes: bool
+) -> tuple[float, RunResult]:
+    """Median seconds per epoch of one variant (helpers.timing.benchmark) and the result it computed (chapter 6)."""
+    unknown = set(fixes) - set(FIX_NAMES)
+    if unknown:
+        raise ValueError(f"Unknown fix(es) {sorted(unknown)}; choose from {sorted(FIX_NAMES)}.")
+    results: list[RunResult] = []
+    timing = benchmark(
+        lambda: results.append(train(cs, device, **fixes)),
+        device=device,
+        warmup=1,
+        min_run_time=min_run_time,
+        min_repeats=3,
+    )
+    return timing.median / cs.epochs, results[0]
+
+
+def case_study_table(
+    cs: CaseStudy, device: str | torch.device = "cpu", min_run_time: float = 0.3
+) -> list[dict[str, object]]:
+    """Time every cumulative variant, with its speed-up and whether it computes what the slow loop does (chapter 6)."""
+    rows: list[dict[str, object]] = []
+    slow_result: RunResult | None = None
+    previous = first = 0.0
+    for name, fixes in VARIANTS:
+        seconds, result = time_variant(cs, device, min_run_time, **fixes)
+        if slow_result is None:
+            slow_result, previous, first = result, seconds, seconds
+        if fixes.get("big_batch"):
+            same = f"different math (batch {cs.big_batch_size}, {result.steps} steps)"
+        else:
+            same = "yes" if same_result(result, slow_result) else "NO"
+        rows.append(
+            {
+                "variant": name,
+                "ms per epoch": seconds * 1e3,
+                "speed-up vs previous": previous / seconds,
+                "speed-up vs slow": first / seconds,
+                "final loss": result.epoch_losses[-1],
+                "max |Δ param|": (result.params - slow_result.params).abs().max().item(),
+                "same result as slow": same,
+            }
+        )
+        previous = seconds
+    return rows
+
+
+def plot_case_study(rows: list[dict[str, object]]) -> Figure:
+    """Horizontal bars of time per epoch for each variant, labelled with the speed-up (chapter 6)."""
+    if not rows:
+        raise ValueError("No case-study rows to plot: run case_study_table() first.")
+    names = [str(r["variant"]) for r in rows][::-1]
+    ms = [float(r["ms per epoch"]) for r in rows][::-1]
+    fig, ax = plt.subplots(figsize=(7.0, 0.55 * len(rows) + 1.2))
+    bars = ax.barh(names, ms, color="tab:blue")
+    for bar, r in zip(bars, rows[::-1]):
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {r['speed-up vs slow']:.1f}x",
+            va="center",
+        )
+    ax.set_xlabel("ms per epoch (median)")
+    ax.set_xlim(0, max(ms) * 1.2)
+    ax.set_title("Case study: each fix added to the previous ones")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def run_fixes(
+    no_sync: bool = True,
+    preprocess_once: bool = True,
+    resident: bool = True,
+    big_batch: bool = False,
+    n_samples: int = 2048,
+    device: str | torch.device = "cpu",
+) -> dict[str, object]:
+    """Widget run: time the slow loop and the loop with the chosen fixes; compare their results (chapter 6)."""
+    cs = make_case_study(n_samples=positive_int(n_samples, "n_samples"))
+    fixes = {"no_sync": no_sync, "preprocess_once": preprocess_once, "resident": resident}
+    fixes["big_batch"] = big_batch
+    slow_s, slow = time_variant(cs, device, min_run_time=0.2)
+    fixed_s, fixed = time_variant(cs, device, min_run_time=0.2, **fixes)
+    chosen = [FIX_NAMES[k] for k, on in fixes.items() if on]
+    return {
+        "chosen": chosen,
+        "slow s": slow_s,
+        "fixed s": fixed_s,
+        "speed-up": slow_s / fixed_s,
+        "same result": None if big_batch else same_result(fixed, slow),
+        "losses": (slow.epoch_losses[-1], fixed.epoch_losses[-1]),
+    }
+
+
+def plot_fixes(result: dict[str, object]) -> Figure:
+    """Widget plot: two bars, the slow loop and the chosen fixes, with the speed-up (chapter 6)."""
+    ms = [float(result["slow s"]) * 1e3, float(result["fixed s"]) * 1e3]
+    label = "\n".join(result["chosen"]) or "no fixes"
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    ax.bar(["slow loop", label], ms, color=["tab:red", "tab:green"])
+    same = result["same result"]
+    verdict = (
+        "changes the math" if same is None else ("same result" if same else "DIFFERENT result")
+    )
+    ax.set_title(f"{result['speed-up']:.1f}x faster; {verdict}")
+    ax.set_ylabel("ms per epoch (median)")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,265 @@
+"""A background thread that samples the GPUs (or the process) while your code runs (chapter 6).
+
+The sources' NVML monitor, done right:
+
+- it uses ``nvidia-ml-py`` (module ``pynvml``, through :mod:`helpers.gpu_monitor`), not the
+  old ``nvidia-ml-py3`` fork, and keeps NVML initialised once for the whole run;
+- it samples in a daemon thread that stops cleanly: ``stop()`` sets an event, joins the thread
+  and takes a last sample; calling it twice is safe, and a ``with`` block stops it even when
+  the block raises, so no thread is left behind;
+- without an NVIDIA driver, :func:`nvml_sampler` raises :class:`MonitorUnavailable` whose
+  message says why and what to use instead (:func:`process_sampler`, the CPU side).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from helpers.gpu_monitor import NvmlUnavailable, nvml_snapshot
+
+#: A sampler returns one reading: {"quantity (unit)": value}.
+Sampler = Callable[[], dict[str, float]]
+
+
+class MonitorUnavailable(RuntimeError):
+    """The requested readings cannot be taken on this machine; the message says why (chapter 6)."""
+
+
+@dataclass
+class Sample:
+    """One reading, `t` seconds after the monitor started (chapter 6)."""
+
+    t: float
+    values: dict[str, float]
+
+
+class NvmlSampler:
+    """Utilisation and memory of every NVIDIA GPU via nvml_snapshot, NVML kept open until close() (chapter 6)."""
+
+    label = "NVML (GPU)"
+
+    def __init__(self) -> None:
+        first = nvml_snapshot()
+        if isinstance(first, NvmlUnavailable):
+            raise MonitorUnavailable(
+                f"NVML {first}. GPU utilisation can only be sampled on a machine with an "
+                f"NVIDIA driver; use process_sampler() to watch the CPU side instead."
+            )
+        if not first:
+            raise MonitorUnavailable(
+                "NVML works but reports no GPUs, so there is nothing to sample."
+            )
+        import pynvml
+
+        # NVML counts nvmlInit calls: holding one open makes each snapshot's own
+        # init/shutdown pair cheap, instead of loading the driver 10 times a second.
+        pynvml.nvmlInit()
+        self._pynvml: object | None = pynvml
+        self.gpus = [s.index for s in first]
+
+    def __call__(self) -> dict[str, float]:
+        snapshot = nvml_snapshot()
+        if isinstance(snapshot, NvmlUnavailable):
+            raise MonitorUnavailable(f"NVML stopped answering: {snapshot}")
+        values: dict[str, float] = {}
+        for s in snapshot:
+            if s.utilization_pct is not None:
+                values[f"GPU {s.index} utilisation (%)"] = float(s.utilization_pct)
+            if s.memory_used is not None:
+                values[f"GPU {s.index} memory used (GiB)"] = s.memory_used / 2**30
+        return values
+
+    def close(self) -> None:
+        """Release the NVML reference taken in __init__; safe to call twice (chapter 6)."""
+        if self._pynvml is not None:
+            try:
+                self._pynvml.nvmlShutdown()  # type: ignore[attr-defined]
+            finally:
+                self._pynvml = None
+
+
+def nvml_sampler() -> NvmlSampler:
+    """A sampler of GPU utilisation and memory; raises MonitorUnavailable with the reason (chapter 6)."""
+    return NvmlSampler()
+
+
+class ProcessSampler:
+    """CPU use (%, 100 = one core) and resident memory of this Python process, via psutil (chapter 6)."""
+
+    label = "psutil (this process, CPU side)"
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process(os.getpid())
+        self._process.cpu_percent(interval=None)  # the first call only starts the clock
+
+    def __call__(self) -> dict[str, float]:
+        return {
+            "process CPU (%)": float(self._process.cpu_percent(interval=None)),
+            "process RSS (GiB)": self._process.memory_info().rss / 2**30,
+        }
+
+
+def process_sampler() -> ProcessSampler:
+    """A sampler of this process's CPU use and RSS: the CPU-side stand-in for NVML (chapter 6)."""
+    return ProcessSampler()
+
+
+@dataclass
+class Monitor:
+    """Call `sampler` every `interval` seconds in a background thread between start() and stop() (chapter 6)."""
+
+    sampler: Sampler
+    interval: float = 0.1
+    samples: list[Sample] = field(default_factory=list, init=False)
+    error: BaseException | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not callable(self.sampler):
+            raise TypeError(
+                f"Monitor needs a sampler function returning a dict, got {type(self.sampler).__name__}."
+            )
+        interval = self.interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+        if not math.isfinite(interval) or interval <= 0:
+            raise ValueError(
+                f"interval must be a number of seconds > 0, got {interval!r}; 0.1 s suits most runs."
+            )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._t_end: float | None = None
+        self.label = getattr(self.sampler, "label", getattr(self.sampler, "__name__", "sampler"))
+
+    @property
+    def running(self) -> bool:
+        """True while the sampling thread is alive (chapter 6)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start() to stop() (or to now while running); 0.0 before start (chapter 6)."""
+        if self._thread is None and self._t_end is None:
+            return 0.0
+        end = self._t_end if self._t_end is not None else time.perf_counter()
+        return end - self._t0
+
+    def _take(self) -> None:
+        """Append one sample; remember the first error instead of dying silently (chapter 6)."""
+        try:
+            self.samples.append(Sample(time.perf_counter() - self._t0, dict(self.sampler())))
+        except Exception as exc:  # reported by stop(), never lost in the thread
+            if self.error is None:
+                self.error = exc
+            self._stop.set()
+
+    def _loop(self) -> None:
+        """The thread body: sample, then wait `interval` or until stop() (chapter 6)."""
+        while not self._stop.wait(self.interval):
+            self._take()
+
+    def start(self) -> Monitor:
+        """Take a first sample and start the sampling thread; returns self (chapter 6)."""
+        if self.running:
+            raise RuntimeError(
+                "This monitor is already running; call stop() before starting it again."
+            )
+        self.samples, self.error, self._t_end = [], None, None
+        self._stop.clear()
+        self._t0 = time.perf_counter()
+        self._take()
+        if self.error is not None:
+            self._release()
+            raise MonitorUnavailable(
+                f"The sampler failed on its first reading ({type(self.error).__name__}: "
+                f"{self.error}); nothing was started."
+            ) from self.error
+        self._thread = threading.Thread(target=self._loop, name="course-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Monitor:
+        """Stop and join the thread, take a last sample, release the sampler; safe to call twice (chapter 6)."""
+        if self._thread is None:
+            return self
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 10 * self.interval))
+        if self._thread.is_alive():
+            raise RuntimeError(
+                "The sampling thread did not stop: the sampler function is blocking. "
+                "Make it return quickly (it runs every interval)."
+            )
+        self._thread = None
+        if self.error is None:
+            self._take()
+        self._t_end = time.perf_counter()
+        self._release()
+        if self.error is not None:
+            raise MonitorUnavailable(
+                f"The sampler failed during the run ({type(self.error).__name__}: {self.error}); "
+                f"kept the {len(self.samples)} sample(s) taken before."
+            ) from self.error
+        return self
+
+    def _release(self) -> None:
+        """Let the sampler free what it holds (NVML), if it has a close() (chapter 6)."""
+        close = getattr(self.sampler, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:
+            try:
+                self.stop()
+            except MonitorUnavailable:
+                pass  # the block's own exception matters more
+            return
+        self.stop()
+
+    def series(self) -> dict[str, list[float]]:
+        """Every quantity sampled, as a list in time order (missing readings left out) (chapter 6)."""
+        names = list(dict.fromkeys(k for s in self.samples for k in s.values))
+        return {n: [s.values[n] for s in self.samples if n in s.values] for n in names}
+
+    def times(self, name: str) -> list[float]:
+        """The sample times of one quantity (chapter 6)."""
+        return [s.t for s in self.samples if name in s.values]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per quantity: mean, max and number of samples; safe for a zero-length run (chapter 6)."""
+        return {
+            name: {"mean": sum(v) / len(v), "max": max(v), "samples": float(len(v))}
+            for name, v in self.series().items()
+            if v
+        }
+
+
+def plot_samples(monitor: Monitor, title: str = "") -> Figure:
+    """One panel per quantity the monitor sampled, against time (chapter 6)."""
+    series = monitor.series()
+    if not series:
+        raise ValueError("The monitor has no samples to plot: run it (start/stop or `with`) first.")
+    fig, axes = plt.subplots(len(series), 1, figsize=(6.4, 1.9 * len(series) + 0.6), sharex=True)
+    axes = [axes] if len(series) == 1 else list(axes)
+    for ax, (name, values) in zip(axes, series.items()):
+        ax.plot(monitor.times(name), values, marker=".", lw=1)
+        ax.set_ylabel(name, fontsize=8)
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("seconds since start")
+    axes[0].set_title(title or f"{monitor.label}: {len(monitor.samples)} samples")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,418 @@
+"""Profiler plumbing, a bottleneck diagnosis, a sync counter and a toy asynchronous device (chapter 6).
+
+The notebook shows ``torch.profiler`` itself; these helpers only repeat what it showed, so
+later sections can profile a run in one line and read the numbers the diagnosis needs.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch.autograd import DeviceType
+from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from helpers.devices import resolve_device, synchronize
+
+INPUT, LAUNCH, SYNC, COMPUTE = "input-bound", "launch/overhead-bound", "sync-bound", "compute-bound"
+
+#: What a blocking host sync is called in a profile: the op behind .item()/bool()/float() and
+#: the explicit device-wide waits.
+SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaDeviceSynchronize", "hipDeviceSynchronize")
+#: Stream waits, counted when they are not already inside one of the SYNC_EVENTS (a .cpu() copy).
+STREAM_WAITS = ("cudaStreamSynchronize", "hipStreamSynchronize")
+
+
+def profiler_activities(device: str | torch.device) -> list[ProfilerActivity]:
+    """CPU always; CUDA (also ROCm) or XPU when `device` is one (chapter 6)."""
+    device = resolve_device(device)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    elif device.type == "xpu" and hasattr(ProfilerActivity, "XPU"):
+        activities.append(ProfilerActivity.XPU)
+    return activities
+
+
+def self_time_key(device: str | torch.device) -> str:
+    """The key_averages().table sort key for the time that matters on `device` (chapter 6)."""
+    kind = resolve_device(device).type
+    return "self_device_time_total" if kind in ("cuda", "xpu") else "self_cpu_time_total"
+
+
+FLUSH_LABEL = "profile_steps: final sync"
+
+
+def _whole(value: object, name: str, minimum: int) -> int:
+    """`value` as an int >= minimum, else a clear ValueError (chapter 6)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
+    return value
+
+
+def profile_steps(
+    step: Callable[[], object],
+    device: str | torch.device,
+    *,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+    record_shapes: bool = False,
+    profile_memory: bool = False,
+) -> profile:
+    """Run step() wait+warmup+active times under torch.profiler with a schedule; return the profiler (chapter 6)."""
+    wait, warmup = _whole(wait, "wait", 0), _whole(warmup, "warmup", 1)
+    active = _whole(active, "active", 1)
+    device = resolve_device(device)
+    total = wait + warmup + active
+    with profile(
+        activities=profiler_activities(device),
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        record_shapes=record_shapes,
+        profile_memory=profile_memory,
+    ) as prof:
+        for i in range(total):
+            step()
+            if i == total - 1:  # let queued device work finish inside the recorded window
+                with record_function(FLUSH_LABEL):
+                    synchronize(device)
+            prof.step()
+    return prof
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of a set of possibly overlapping [start, end] intervals (chapter 6)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def _ancestors(event: object) -> Iterator[str]:
+    """Names of an event's CPU parents, innermost first (chapter 6)."""
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        yield parent.name
+        parent = parent.cpu_parent
+
+
+def _is_sync(event: object) -> bool:
+    """True for a host sync: .item()'s op, an explicit device sync, or a stream wait of a copy (chapter 6).
+
+    Optimizers such as Adam call .item() on step counters that live on the CPU; those never
+    wait for a GPU, so they are not counted.
+    """
+    name = event.name
+    parents = list(_ancestors(event))
+    if FLUSH_LABEL in parents or any(p.startswith("Optimizer.step#") for p in parents):
+        return False  # our own flush, and optimizers reading their CPU-side step counters
+    if name in SYNC_EVENTS:
+        return True
+    return name in STREAM_WAITS and "aten::_local_scalar_dense" not in parents
+
+
+@dataclass
+class ProfileSummary:
+    """Per-step figures read off a profile: wall time, labelled regions, syncs, ops, device busy (chapter 6)."""
+
+    steps: int
+    step_s: float
+    labels_s: dict[str, float] = field(default_factory=dict)
+    sync_s: float = 0.0
+    syncs: float = 0.0
+    ops: float = 0.0
+    device_busy_s: float | None = None
+
+
+def summarize_profile(
+    prof: profile, labels: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
+) -> ProfileSummary:
+    """Read a scheduled profile (prof.step() each iteration) into a ProfileSummary (chapter 6)."""
+    events = prof.events()
+    cpu = DeviceType.CPU
+    steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == cpu]
+    if not steps:
+        raise ValueError(
+            "This profile has no ProfilerStep events: profile with a schedule and call "
+            "prof.step() once per iteration (or use profile_steps)."
+        )
+    n = len(steps)
+    step_us = sum(e.time_range.elapsed_us() for e in steps) / n
+    labels_us = {lab: 0.0 for lab in labels}
+    sync_us, syncs, ops = 0.0, 0, 0
+    device_ranges: list[tuple[float, float]] = []
+    for e in events:
+        if e.device_type != cpu:
+            mirrored = e.name in labels_us or e.name.startswith("ProfilerStep")
+            if not (mirrored or getattr(e, "is_user_annotation", False)):  # kernels, copies
+                device_ranges.append((e.time_range.start, e.time_range.end))
+            continue
+        if e.name in labels_us:
+            labels_us[e.name] += e.time_range.elapsed_us()
+        if _is_sync(e):
+            sync_us += e.time_range.elapsed_us()
+            syncs += 1
+        parent = e.cpu_parent
+        if e.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
+            ops += 1
+    on_device = bool(set(prof.activities) - {ProfilerActivity.CPU})
+    busy = _union_us(device_ranges) / n / 1e6 if on_device else None
+    return ProfileSummary(
+        steps=n,
+        step_s=step_us / 1e6,
+        labels_s={k: v / n / 1e6 for k, v in labels_us.items() if v > 0},
+        sync_s=sync_us / n / 1e6,
+        syncs=syncs / n,
+        ops=ops / n,
+        device_busy_s=busy,
+    )
+
+
+@dataclass
+class Diagnosis:
+    """A verdict (input-, sync-, compute- or launch/overhead-bound), why, and the ratios behind it (chapter 6)."""
+
+    verdict: str
+    reason: str
+    ratios: dict[str, float | None]
+
+    def __str__(self) -> str:
+        return f"{self.verdict}: {self.reason}"
+
+
+def diagnose(
+    summary: ProfileSummary,
+    flops_per_step: float | None = None,
+    flop_rate: float | None = None,
+    *,
+    threshold: float = 0.3,
+    busy_threshold: float = 0.7,
+) -> Diagnosis:
+    """Classify a profiled run from simple ratios of its ProfileSummary (chapter 6)."""
+    if summary.step_s <= 0:
+        raise ValueError("The profile's steps took no time; profile more (or bigger) steps.")
+    step = summary.step_s
+    input_frac = summary.labels_s.get("data", 0.0) / step
+    sync_frac = summary.sync_s / step
+    busy = None if summary.device_busy_s is None else summary.device_busy_s / step
+    compute = None
+    if flops_per_step is not None and flop_rate:
+        compute = flops_per_step / flop_rate / step
+    us_per_op = step / summary.ops * 1e6 if summary.ops else None
+    ratios = {
+        "input (data / step)": input_frac,
+        "sync (waiting / step)": sync_frac,
+        "device busy (kernels / step)": busy,
+        "compute (FLOP time at best rate / step)": compute,
+        "µs per op": us_per_op,
+    }
+    if input_frac >= threshold:
+        return Diagnosis(INPUT, f"{input_frac:.0%} of each step is spent getting the batch", ratios)
+    if sync_frac >= threshold and (busy is None or busy < busy_threshold):
+        return Diagnosis(
+            SYNC, f"{sync_frac:.0%} of each step waits in host syncs while the device idles", ratios
+        )
+    if busy is not None and busy >= busy_threshold:
+        return Diagnosis(COMPUTE, f"the device runs kernels {busy:.0%} of the time", ratios)
+    if busy is None and compute is not None and compute >= threshold:
+        return Diagnosis(
+            COMPUTE,
+            f"the FLOPs alone need {compute:.0%} of the step at the best matmul rate",
+            ratios,
+        )
+    per_op = "" if us_per_op is None else f", {us_per_op:.1f} µs per op"
+    idle = "" if busy is None else f"; the device idles {1 - busy:.0%} of the time"
+    return Diagnosis(
+        LAUNCH,
+        f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
+        ratios,
+    )
+
+
+#: CPU ops that are matrix products, and patterns of GPU matmul kernel names (cuBLAS/CUTLASS
+#: "gemm", rocBLAS/Tensile "Cijk_").
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")
+MATMUL_KERNELS = ("gemm", "cijk_")
+
+
+def matmul_share(prof: profile, device: str | torch.device) -> float:
+    """Fraction of the profile's self time spent in matrix products: GPU kernels on CUDA, aten ops elsewhere (chapter 6)."""
+    on_gpu = resolve_device(device).type == "cuda"
+    rows = [
+        r
+        for r in prof.key_averages()
+        if (r.device_type != DeviceType.CPU) == on_gpu
+        and not r.key.startswith("ProfilerStep")
+        and r.key != FLUSH_LABEL
+    ]
+    if on_gpu:
+        times = {r.key: r.self_device_time_total for r in rows}
+        is_matmul = {k: any(p in k.lower() for p in MATMUL_KERNELS) for k in times}
+    else:
+        times = {r.key: r.self_cpu_time_total for r in rows}
+        is_matmul = {k: k in MATMUL_OPS for k in times}
+    total = sum(times.values())
+    if total <= 0:
+        raise ValueError("The profile recorded no time on this device: profile some steps first.")
+    return sum(t for k, t in times.items() if is_matmul[k]) / total
+
+
+# --- host syncs -------------------------------------------------------------------------------
+
+_SYNC_METHODS = {
+    torch.Tensor.item: "item",
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.cpu: "cpu",
+    torch.Tensor.numpy: "numpy",
+    torch.Tensor.__bool__: "bool",
+    torch.Tensor.__float__: "float",
+    torch.Tensor.__int__: "int",
+    torch.Tensor.__format__: "format",
+    torch.Tensor.__repr__: "repr/print",
+    torch.Tensor.nonzero: "nonzero",
+}
+
+
+class SyncCounter(TorchFunctionMode):
+    """Counts tensor calls that make the host wait for a GPU (.item(), print, bool ...) on any device (chapter 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    @property
+    def count(self) -> int:
+        """Total syncing calls seen (chapter 6)."""
+        return sum(self.calls.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = _SYNC_METHODS.get(func)
+        if name is None and func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
+            target = [
+                a
+                for a in (*args[1:], *(kwargs or {}).values())
+                if isinstance(a, (str, torch.device))
+            ]
+            if target and torch.device(target[0]).type == "cpu" and args[0].device.type != "cpu":
+                name = "to(cpu)"
+        if name is not None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def count_host_syncs() -> Iterator[SyncCounter]:
+    """Count the calls in a block that would make the host wait for the device (chapter 6)."""
+    with SyncCounter() as counter:
+        yield counter
+
+
+# --- a toy asynchronous device -----------------------------------------------------------------
+
+
+class ToyAsyncDevice:
+    """A worker thread running queued jobs in order: a CPU-side model of a GPU stream (chapter 6)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="toy-device", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        """Run jobs until the None sentinel (chapter 6)."""
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                job()
+            finally:
+                self._queue.task_done()
+
+    def submit(self, job: Callable[[], object]) -> None:
+        """Queue `job` and return at once, as a kernel launch does (chapter 6)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("This toy device is closed; make a new ToyAsyncDevice().")
+        self._queue.put(job)
+
+    def kernel(self, seconds: float) -> None:
+        """Queue a job that keeps the toy device busy for `seconds` (chapter 6)."""
+        self.submit(lambda: time.sleep(seconds))
+
+    def synchronize(self) -> None:
+        """Block until every queued job has finished, as torch.cuda.synchronize() does (chapter 6)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Finish queued jobs and end the worker thread; safe to call twice (chapter 6)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> ToyAsyncDevice:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# --- torch.compile -----------------------------------------------------------------------------
+
+
+def time_first_call(
+    fn: Callable[..., object], *args: object, device: str | torch.device = "cpu"
+) -> float:
+    """Seconds of one call, synchronised: for one-off events such as a compile, not for kernels (chapter 6)."""
+    device = resolve_device(device)
+    synchronize(device)
+    start = time.perf_counter()
+    fn(*args)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def count_top_level_ops(fn: Callable[..., object], *args: object) -> int:
+    """How many aten ops one call of fn dispatches from Python, read off a CPU profile (chapter 6)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return sum(
+        1
+        for e in prof.events()
+        if e.name.startswith("aten::")
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    )
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+
+def plot_timing_methods(readings: dict[str, list[float]], title: str = "") -> Figure:
+    """Each timing method on its own row: every reading as a dot, its median as a bar (chapter 6)."""
+    if not readings or not all(readings.values()):
+        raise ValueError("Give each timing method at least one reading in seconds.")
+    fig, ax = plt.subplots(figsize=(7.0, 0.5 * len(readings) + 1.4))
+    for row, values in enumerate(readings.values()):
+        ms = [v * 1e3 for v in values]
+        ax.scatter(ms, [row] * len(ms), s=14, alpha=0.6)
+        median = statistics.median(ms)
+        ax.plot([median, median], [row - 0.3, row + 0.3], color="black", lw=2)
+    ax.set_yticks(range(len(readings)), list(readings))
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per call (dots: readings, bar: median)")
+    ax.set_title(title or "The same work, timed different ways")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,231 @@
+"""Chapter 6 checkers: the solution passes, the untouched stub is 'todo', typical mistakes fail."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import exercise_namespace
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers.checks import FAIL, PASS, TODO
+from helpers.checks.ch06 import check_fast_train, check_measure, check_step_mfu, check_top_self_op
+
+SOLUTIONS = "solutions/06_profiling_solutions.ipynb"
+EXERCISES = "exercises/06_profiling_exercises.ipynb"
+CHECKS = {
+    "measure": check_measure,
+    "top_self_op": check_top_self_op,
+    "fast_train": check_fast_train,
+    "step_mfu": check_step_mfu,
+}
+
+
+@pytest.fixture(scope="module")
+def solutions() -> dict:
+    return exercise_namespace(SOLUTIONS)
+
+
+@pytest.fixture(scope="module")
+def stubs() -> dict:
+    return exercise_namespace(EXERCISES)
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_solution_passes(name: str, solutions: dict) -> None:
+    assert CHECKS[name](solutions[name]).status == PASS
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_untouched_stub_is_todo(name: str, stubs: dict) -> None:
+    assert CHECKS[name](stubs[name]).status == TODO
+
+
+# --- exercise 1: typical wrong benchmark functions ---------------------------------------------
+
+
+def no_warmup(fn, sync, warmup=3, repeats=10):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def no_sync(fn, sync, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def mean_of_block(fn, sync, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / repeats
+
+
+def one_reading(fn, sync, warmup=3, repeats=10):
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def milliseconds(fn, sync, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (no_warmup, "warm"),
+        (no_sync, "sync()"),
+        (mean_of_block, "median"),
+        (one_reading, "calls"),
+        (milliseconds, "milliseconds"),
+    ],
+)
+def test_wrong_benchmarks_fail(wrong, hint: str) -> None:
+    result = check_measure(wrong)
+    assert result.status == FAIL and hint in result.message, result.message
+
+
+# --- exercise 2 ---------------------------------------------------------------------------------
+
+
+def by_total_time(prof):
+    return max(prof.key_averages(), key=lambda row: row.cpu_time_total).key
+
+
+def always_mm(prof):
+    return "aten::mm"
+
+
+def the_row(prof):
+    return max(prof.key_averages(), key=lambda row: row.self_cpu_time_total)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [(by_total_time, "TOTAL"), (always_mm, "aten::sort"), (the_row, "string")],
+)
+def test_wrong_top_ops_fail(wrong, hint: str) -> None:
+    result = check_top_self_op(wrong)
+    assert result.status == FAIL and hint in result.message, result.message
+
+
+# --- exercise 3 ---------------------------------------------------------------------------------
+
+
+def still_syncs(model, x, y, batch_size=32, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for i in range(0, len(x), batch_size):
+        loss = F.mse_loss(model(x[i : i + batch_size]), y[i : i + batch_size])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [v.item() for v in losses]
+
+
+def mean_only(model, x, y, batch_size=32, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    total = torch.zeros(())
+    for i in range(0, len(x), batch_size):
+        loss = F.mse_loss(model(x[i : i + batch_size]), y[i : i + batch_size])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total += loss.detach()
+    return [(total / (len(x) // batch_size)).item()]
+
+
+def bigger_batch(model, x, y, batch_size=32, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for i in range(0, len(x), 2 * batch_size):
+        loss = F.mse_loss(model(x[i : i + 2 * batch_size]), y[i : i + 2 * batch_size])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).tolist() * 2
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [(still_syncs, "host syncs"), (mean_only, "one loss per step"), (bigger_batch, "differ")],
+)
+def test_wrong_fast_trains_fail(wrong, hint: str) -> None:
+    result = check_fast_train(wrong)
+    assert result.status == FAIL and hint in result.message, result.message
+
+
+# --- exercise 4 ---------------------------------------------------------------------------------
+
+
+def _flops(step) -> int:
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def as_percent(step, seconds, peak):
+    if seconds <= 0 or peak <= 0:
+        raise ValueError("positive, please")
+    return 100 * _flops(step) / seconds / peak
+
+
+def rule_of_thumb(step, seconds, peak):
+    if seconds <= 0 or peak <= 0:
+        raise ValueError("positive, please")
+    return 6 * 64 * 256 * 128 / seconds / peak
+
+
+def no_validation(step, seconds, peak):
+    return _flops(step) / seconds / peak if seconds else 0.0
+
+
+def forgets_time(step, seconds, peak):
+    if seconds <= 0 or peak <= 0:
+        raise ValueError("positive, please")
+    return _flops(step) / peak
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (as_percent, "percentage"),
+        (rule_of_thumb, "rule of thumb"),
+        (no_validation, "ValueError"),
+        (forgets_time, "expected"),
+    ],
+)
+def test_wrong_mfus_fail(wrong, hint: str) -> None:
+    result = check_step_mfu(wrong)
+    assert result.status == FAIL and hint in result.message, result.message

@@ -1,0 +1,131 @@
+"""helpers.mfu: FLOPs from FlopCounterMode, MFU arithmetic and its input checks, the reference peak."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import helpers.mfu as mfu_module
+from helpers.mfu import (
+    MfuResult,
+    Peak,
+    count_flops,
+    flops_by_op,
+    matmul_rate,
+    measure_mfu,
+    mfu,
+    reference_peak,
+)
+
+
+def mlp_step(layers: int = 3, width: int = 64, batch: int = 8):
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    x = torch.randn(batch, width)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+
+    # forward + weight gradients for every layer, input gradients for all but the first
+    return step, (layers + layers + layers - 1) * 2 * batch * width**2
+
+
+def test_count_flops_matches_the_analytic_count() -> None:
+    step, expected = mlp_step()
+    assert count_flops(step) == expected
+
+
+def test_the_4x2048_mlp_at_batch_512_is_47_2_gflop() -> None:
+    # The REFERENCES figure, counted on the meta device so no memory or time is spent.
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)]).to("meta")
+    x = torch.randn(512, 2048, device="meta")
+    flops = count_flops(lambda: model(x).sum().backward())
+    assert flops == 11 * 2 * 512 * 2048**2 and round(flops / 1e9, 1) == 47.2
+
+
+def test_flops_by_op_names_the_matmuls() -> None:
+    step, expected = mlp_step()
+    per_op = flops_by_op(step)
+    assert set(per_op) == {"aten.addmm", "aten.mm"} and sum(per_op.values()) == expected
+
+
+def test_count_flops_needs_a_function() -> None:
+    with pytest.raises(TypeError, match="needs a function"):
+        count_flops(42)
+
+
+def test_mfu_arithmetic() -> None:
+    assert mfu(47.2e9, 0.211, 378e9) == pytest.approx(0.5918, abs=1e-4)
+    assert mfu(1, 1, 1) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("flops", "seconds", "peak", "match"),
+    [
+        (1e9, 0.0, 1e12, "seconds must be a finite number of seconds > 0"),
+        (1e9, -0.1, 1e12, "seconds must be"),
+        (0, 0.1, 1e12, "flops must be"),
+        (-5, 0.1, 1e12, "flops must be"),
+        (1e9, 0.1, 0, "peak must be"),
+        (1e9, float("nan"), 1e12, "seconds must be"),
+        (1e9, float("inf"), 1e12, "seconds must be"),
+        (1e9, "0.1", 1e12, "seconds must be a number"),
+        (True, 0.1, 1e12, "flops must be a number"),
+    ],
+)
+def test_mfu_rejects_bad_input(flops, seconds, peak, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        mfu(flops, seconds, peak)
+
+
+def test_mfu_result_properties_and_text() -> None:
+    result = MfuResult(flops=47_200_000_000, seconds=0.211, peak=Peak(378e9, "test", True))
+    assert result.achieved == pytest.approx(47.2e9 / 0.211)
+    assert result.mfu == pytest.approx(0.5918, abs=1e-4)
+    assert "MFU 59.2% of 0.378 TFLOP/s (test)" in str(result)
+
+
+def test_zero_time_mfu_result_raises_clearly() -> None:
+    result = MfuResult(flops=10, seconds=0.0, peak=Peak(1e9, "test", True))
+    with pytest.raises(ValueError, match="seconds must be"):
+        _ = result.mfu
+
+
+def test_matmul_rate_is_positive_and_checks_n() -> None:
+    assert matmul_rate("cpu", 64) > 0
+    with pytest.raises(ValueError, match="n must be"):
+        matmul_rate("cpu", 0)
+
+
+def test_reference_peak_on_cpu_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    rates = {32: 1e9, 64: 3e9}
+    monkeypatch.setattr(mfu_module, "matmul_rate", lambda device, n, dtype: rates[n])
+    peak = reference_peak("cpu", sizes=(32, 64))
+    assert peak.measured and peak.flops == 3e9 and "n=64" in peak.source
+    with pytest.raises(ValueError, match="at least one matrix size"):
+        reference_peak("cpu", sizes=())
+
+
+def test_measure_mfu_end_to_end() -> None:
+    step, expected = mlp_step()
+    result = measure_mfu(step, "cpu", Peak(1e12, "test", True), min_run_time=0.05)
+    assert result.flops == expected and result.seconds > 0
+    assert 0 < result.mfu and math.isfinite(result.mfu)
+
+
+def test_measure_mfu_without_flops_explains() -> None:
+    x = torch.randn(100)
+    with pytest.raises(ValueError, match="counted no FLOPs"):
+        measure_mfu(lambda: x.relu(), "cpu", Peak(1e12, "test", True))
+
+
+def test_measure_mfu_with_given_flops_does_not_count() -> None:
+    calls = []
+    result = measure_mfu(
+        lambda: calls.append(1), "cpu", Peak(1e9, "test", True), min_run_time=0.01, flops=1000
+    )
+    assert result.flops == 1000 and len(calls) >= 4  # warm-up + at least 3 timed calls
+    with pytest.raises(ValueError, match="counted no FLOPs"):
+        measure_mfu(lambda: None, "cpu", Peak(1e9, "test", True), flops=0)

@@ -1,0 +1,225 @@
+"""helpers.profiling: profile summaries, the diagnosis rules, the sync counter, the toy device."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, record_function
+
+from helpers.profiling import (
+    COMPUTE,
+    INPUT,
+    LAUNCH,
+    SYNC,
+    ProfileSummary,
+    ToyAsyncDevice,
+    count_host_syncs,
+    count_top_level_ops,
+    diagnose,
+    plot_timing_methods,
+    profile_steps,
+    profiler_activities,
+    self_time_key,
+    summarize_profile,
+    time_first_call,
+)
+
+
+def test_activities_and_sort_key_on_cpu() -> None:
+    assert profiler_activities("cpu") == [ProfilerActivity.CPU]
+    assert self_time_key("cpu") == "self_cpu_time_total"
+
+
+def labelled_step() -> None:
+    with record_function("data"):
+        time.sleep(0.004)
+        x = torch.randn(32, 64)
+    with record_function("forward"):
+        y = nn.functional.relu(x @ x.T)
+    with record_function("logging"):
+        y.sum().item()
+
+
+def test_profile_steps_and_summary() -> None:
+    prof = profile_steps(labelled_step, "cpu", wait=1, warmup=1, active=4)
+    steps = [r for r in prof.key_averages() if r.key.startswith("ProfilerStep")]
+    assert steps and steps[0].count == 4
+    summary = summarize_profile(prof, labels=("data", "forward", "logging"))
+    assert summary.steps == 4 and summary.device_busy_s is None
+    assert summary.labels_s["data"] >= 0.004 and summary.step_s >= summary.labels_s["data"]
+    assert summary.syncs == 1  # the .item()
+    assert summary.ops >= 4  # randn, matmul, relu, sum, item ...
+
+
+def test_optimizer_step_counters_are_not_syncs() -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(8, 4)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()  # Adam reads its CPU-side step counters with .item()
+
+    summary = summarize_profile(profile_steps(step, "cpu", wait=0, warmup=1, active=3))
+    assert summary.syncs == 0
+
+
+def test_summary_needs_a_scheduled_profile() -> None:
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(4) + 1
+    with pytest.raises(ValueError, match="prof.step"):
+        summarize_profile(prof)
+
+
+@pytest.mark.parametrize(
+    ("wait", "warmup", "active"), [(-1, 1, 1), (0, 0, 1), (0, 1, 0), (0, 1, 1.5)]
+)
+def test_profile_steps_rejects_bad_schedules(wait, warmup, active) -> None:
+    with pytest.raises(ValueError, match="must be a whole number"):
+        profile_steps(lambda: None, "cpu", wait=wait, warmup=warmup, active=active)
+
+
+def summary(**kw) -> ProfileSummary:
+    base = {"steps": 10, "step_s": 0.01, "labels_s": {}, "sync_s": 0.0, "syncs": 0.0, "ops": 100.0}
+    return ProfileSummary(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("kw", "flops", "verdict"),
+    [
+        ({"labels_s": {"data": 0.005}}, None, INPUT),
+        ({"sync_s": 0.004}, None, SYNC),
+        ({"sync_s": 0.004, "device_busy_s": 0.009}, None, COMPUTE),  # waiting on a busy GPU
+        ({"device_busy_s": 0.008}, None, COMPUTE),
+        ({"device_busy_s": 0.002}, None, LAUNCH),
+        ({}, 5e8, COMPUTE),  # 5e8 FLOP at 1e11 FLOP/s = 5 ms of a 10 ms step
+        ({}, 1e6, LAUNCH),
+        ({}, None, LAUNCH),
+    ],
+)
+def test_diagnosis_rules(kw: dict, flops, verdict: str) -> None:
+    d = diagnose(summary(**kw), flops, 1e11 if flops else None)
+    assert d.verdict == verdict, d
+    assert verdict in str(d)
+
+
+def test_launch_bound_reports_time_per_op_and_idle_share() -> None:
+    d = diagnose(summary(device_busy_s=0.002))
+    assert d.ratios["µs per op"] == pytest.approx(100.0)
+    assert "100.0 µs per op" in d.reason and "idles 80%" in d.reason
+
+
+def test_diagnosis_of_an_empty_profile_explains() -> None:
+    with pytest.raises(ValueError, match="no time"):
+        diagnose(summary(step_s=0.0))
+
+
+def test_count_host_syncs_sees_the_syncing_calls() -> None:
+    t = torch.ones(3)
+    with count_host_syncs() as counter:
+        t.sum().item()
+        t.tolist()
+        bool(t[0])
+        f"{t.sum():.2f}"
+        t.cpu()
+        t + 1  # not a sync
+    assert counter.calls == {"item": 1, "tolist": 1, "bool": 1, "format": 1, "cpu": 1}
+    assert counter.count == 5
+
+
+def test_to_cpu_counts_only_from_another_device() -> None:
+    with count_host_syncs() as counter:
+        torch.ones(2).to("cpu")  # already on the host: nothing to wait for
+        with pytest.raises(NotImplementedError):  # meta has no data, but the call is seen first
+            torch.ones(2, device="meta").to("cpu")
+    assert counter.calls == {"to(cpu)": 1}
+
+
+def test_toy_device_is_asynchronous_and_closes() -> None:
+    with ToyAsyncDevice() as toy:
+        start = time.perf_counter()
+        toy.kernel(0.05)
+        queued = time.perf_counter() - start
+        toy.synchronize()
+        done = time.perf_counter() - start
+    assert queued < 0.05 <= done
+    assert not [t for t in threading.enumerate() if t.name == "toy-device"]
+    toy.close()  # twice is safe
+    with pytest.raises(RuntimeError, match="closed"):
+        toy.kernel(0.01)
+
+
+def test_time_first_call_and_op_count() -> None:
+    assert time_first_call(time.sleep, 0.01) >= 0.01
+
+    def three_ops(x: torch.Tensor) -> torch.Tensor:
+        return (x + 1).relu() * 2
+
+    assert count_top_level_ops(three_ops, torch.randn(8)) == 3
+
+
+def test_plot_timing_methods() -> None:
+    fig = plot_timing_methods({"a": [0.001, 0.002], "b": [0.01]}, title="t")
+    assert fig.axes[0].get_title() == "t"
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b"]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="at least one reading"):
+        plot_timing_methods({"a": []})
+
+
+def test_summary_of_a_gpu_profile_from_synthetic_events() -> None:
+    """The CUDA branch, without a GPU: kernels count as busy, mirrored labels do not."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name: str, start: float, end: float, device=DeviceType.CPU, parent=None, **kw):
+        e = FunctionEvent(0, name, 1, start, end, device_type=device, **kw)
+        e.cpu_parent = parent
+        return e
+
+    gpu = DeviceType.CUDA
+    step1, step2 = event("ProfilerStep*", 0, 100), event("ProfilerStep*", 100, 200)
+    item = event("aten::_local_scalar_dense", 150, 190, parent=step2)
+    events = [
+        step1,
+        step2,
+        event("data", 0, 40, parent=step1),
+        event("data", 0, 40, device=gpu, is_user_annotation=True),  # the label, mirrored
+        event("ProfilerStep*", 0, 100, device=gpu, is_user_annotation=True),
+        event("aten::addmm", 40, 60, parent=step1),
+        item,
+        event("cudaStreamSynchronize", 160, 189, parent=item),  # inside .item(): counted once
+        event("cudaStreamSynchronize", 192, 195, parent=step2),  # a .cpu() copy's wait
+        event("gemm_kernel", 50, 90, device=gpu),
+        event("elementwise_kernel", 80, 110, device=gpu),  # overlaps: counted once
+    ]
+
+    class FakeProfile:
+        activities = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
+
+        def events(self):
+            return events
+
+    s = summarize_profile(FakeProfile())
+    assert s.steps == 2 and s.step_s == pytest.approx(100e-6)
+    assert s.labels_s == {"data": pytest.approx(20e-6)}
+    assert s.syncs == 1.0 and s.sync_s == pytest.approx((40 + 3) / 2 * 1e-6)
+    assert s.device_busy_s == pytest.approx(60 / 2 * 1e-6)
+    assert s.ops == 1.0
+    assert diagnose(s).verdict == LAUNCH  # device busy 30%, sync 21.5%, input 20%
+
+
+def test_matmul_share() -> None:
+    from helpers.profiling import matmul_share
+
+    a = torch.randn(128, 128)
+    only_matmul = profile_steps(lambda: a @ a, "cpu", wait=0, warmup=1, active=3)
+    assert 0 < matmul_share(only_matmul, "cpu") <= 1
+    no_matmul = profile_steps(lambda: a.relu(), "cpu", wait=0, warmup=1, active=3)
+    assert matmul_share(no_matmul, "cpu") == 0
