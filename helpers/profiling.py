@@ -1,4 +1,4 @@
-"""Profiler plumbing, a bottleneck diagnosis, a sync counter and a toy asynchronous device (chapter 6).
+"""Profiler plumbing, a bottleneck diagnosis and a toy asynchronous device (chapter 6).
 
 The notebook shows ``torch.profiler`` itself; these helpers only repeat what it showed, so
 later sections can profile a run in one line and read the numbers the diagnosis needs.
@@ -11,14 +11,12 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch.autograd import DeviceType
-from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers.devices import resolve_device, synchronize
@@ -270,54 +268,6 @@ def matmul_share(prof: profile, device: str | torch.device) -> float:
 
 
 # --- host syncs -------------------------------------------------------------------------------
-
-_SYNC_METHODS = {
-    torch.Tensor.item: "item",
-    torch.Tensor.tolist: "tolist",
-    torch.Tensor.cpu: "cpu",
-    torch.Tensor.numpy: "numpy",
-    torch.Tensor.__bool__: "bool",
-    torch.Tensor.__float__: "float",
-    torch.Tensor.__int__: "int",
-    torch.Tensor.__format__: "format",
-    torch.Tensor.__repr__: "repr/print",
-    torch.Tensor.nonzero: "nonzero",
-}
-
-
-class SyncCounter(TorchFunctionMode):
-    """Counts tensor calls that make the host wait for a GPU (.item(), print, bool ...) on any device (chapter 6)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    @property
-    def count(self) -> int:
-        """Total syncing calls seen (chapter 6)."""
-        return sum(self.calls.values())
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        name = _SYNC_METHODS.get(func)
-        if name is None and func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
-            target = [
-                a
-                for a in (*args[1:], *(kwargs or {}).values())
-                if isinstance(a, (str, torch.device))
-            ]
-            if target and torch.device(target[0]).type == "cpu" and args[0].device.type != "cpu":
-                name = "to(cpu)"
-        if name is not None:
-            self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextmanager
-def count_host_syncs() -> Iterator[SyncCounter]:
-    """Count the calls in a block that would make the host wait for the device (chapter 6)."""
-    with SyncCounter() as counter:
-        yield counter
-
 
 # --- a toy asynchronous device -----------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from helpers.profiling import (
     SYNC,
     ProfileSummary,
     ToyAsyncDevice,
-    count_host_syncs,
     count_top_level_ops,
     diagnose,
     plot_timing_methods,
@@ -118,27 +117,6 @@ def test_launch_bound_reports_time_per_op_and_idle_share() -> None:
 def test_diagnosis_of_an_empty_profile_explains() -> None:
     with pytest.raises(ValueError, match="no time"):
         diagnose(summary(step_s=0.0))
-
-
-def test_count_host_syncs_sees_the_syncing_calls() -> None:
-    t = torch.ones(3)
-    with count_host_syncs() as counter:
-        t.sum().item()
-        t.tolist()
-        bool(t[0])
-        f"{t.sum():.2f}"
-        t.cpu()
-        t + 1  # not a sync
-    assert counter.calls == {"item": 1, "tolist": 1, "bool": 1, "format": 1, "cpu": 1}
-    assert counter.count == 5
-
-
-def test_to_cpu_counts_only_from_another_device() -> None:
-    with count_host_syncs() as counter:
-        torch.ones(2).to("cpu")  # already on the host: nothing to wait for
-        with pytest.raises(NotImplementedError):  # meta has no data, but the call is seen first
-            torch.ones(2, device="meta").to("cpu")
-    assert counter.calls == {"to(cpu)": 1}
 
 
 def test_toy_device_is_asynchronous_and_closes() -> None:

@@ -16,7 +16,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import benchmark as tbench
 
 from helpers.checks import CheckResult, expect, run_check
-from helpers.profiling import ToyAsyncDevice, count_host_syncs
+from helpers.profiling import ToyAsyncDevice
+from helpers.syncs import SyncCounter
 
 KERNEL_S = 0.005  # what one call costs on the toy device once warm
 FIRST_CALLS_S = 0.06  # what each of the first calls costs (think: autotuning, a compile)
@@ -177,10 +178,10 @@ def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
 
     def probes() -> None:
         slow_model, x, y = _regression_data()
-        with count_host_syncs() as slow_syncs:
+        with SyncCounter() as slow_syncs:
             expected = _reference_slow_train(slow_model, x, y)
         model, _, _ = _regression_data()
-        with count_host_syncs() as syncs:
+        with SyncCounter() as syncs:
             got = fast_train(model, x, y)
         expect(
             isinstance(got, list) and all(isinstance(v, float) for v in got),
@@ -204,7 +205,7 @@ def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
         )
         expect(
             syncs.count <= 2,
-            f"your loop made {syncs.count} host syncs ({syncs.calls}); the slow one made "
+            f"your loop made {syncs.count} host syncs ({dict(syncs.by_kind())}); the slow one made "
             f"{slow_syncs.count}. Keep losses on the device (loss.detach()) and read them once "
             "at the end, e.g. torch.stack(losses).tolist().",
         )
