@@ -30,13 +30,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from helpers.scripts.common import BACKEND_ENV, BACKENDS, READY_MARKER
 from helpers.sweeps import SweepResult, positive_int, run_sweep
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: The folder of the scripts shipped with the course (inside the package).
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
@@ -402,6 +405,114 @@ def _reader(stream: Any, lines: queue.Queue) -> None:
         lines.put(None)
 
 
+def _check_limits(timeout: float, max_restarts: int) -> None:
+    """Reject a launch timeout or restart count that cannot work (chapter 4)."""
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+        raise LaunchError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise LaunchError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}.")
+
+
+def _printer(echo: bool | Callable[[str], None]) -> Callable[[str], None]:
+    """Where the workers' lines go: a callable, the notebook (torchrun's traceback hidden), or nowhere (chapter 4)."""
+    if callable(echo):
+        return echo
+    if echo:
+        return _HideLauncherTraceback(lambda s: print(s, flush=True))
+    return lambda s: None
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start torchrun in its own session/process group, output piped line by line (chapter 4)."""
+    popen_kw: dict[str, Any] = (
+        {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}  # type: ignore[attr-defined]
+        if os.name == "nt"
+        else {"start_new_session": True}
+    )
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        errors="replace",  # gloo's messages carry emoji; never die on a locale
+        bufsize=1,
+        env=env,
+        **popen_kw,
+    )
+
+
+class _Family:
+    """torchrun and every worker it started, remembered even after they leave its tree (chapter 4)."""
+
+    def __init__(self, pid: int, watch_sockets: bool) -> None:
+        self.root = psutil.Process(pid)
+        self.seen: dict[int, psutil.Process] = {}
+        self.listening: set[tuple[int, str, int]] = set()
+        self.watch_sockets = watch_sockets
+
+    def track(self) -> None:
+        """Remember new descendants (and their listening sockets, if asked) (chapter 4)."""
+        with contextlib.suppress(psutil.Error):
+            for child in self.root.children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        if self.watch_sockets:
+            for p in (self.root, *self.seen.values()):
+                self.listening.update((p.pid, ip, port) for ip, port in _listening(p))
+
+    def stop(self, proc: subprocess.Popen, result: LaunchResult) -> None:
+        """Kill whatever is left (all of it on timeout or interrupt), then fill in the result (chapter 4)."""
+        if result.timed_out or result.interrupted or proc.poll() is None:
+            self.track()
+            result.killed_pids = kill_tree(self.root, list(self.seen.values()))
+        else:  # torchrun has exited: any worker still running is an orphan, stop it
+            leftovers = [p for p in self.seen.values() if _alive(p.pid)]
+            if leftovers:
+                _, still = psutil.wait_procs(leftovers, timeout=2.0)
+                result.killed_pids = kill_tree(None, still) if still else []
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        result.returncode = proc.returncode
+        result.child_pids = sorted(self.seen)
+        result.listening = sorted(self.listening)
+
+
+def _stream(
+    proc: subprocess.Popen,
+    family: _Family,
+    result: LaunchResult,
+    timeout: float,
+    say: Callable[[str], None],
+) -> None:
+    """Echo and keep the output until torchrun exits or `timeout` passes (chapter 4)."""
+    start = time.perf_counter()
+    pipe: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, pipe), daemon=True).start()
+    last_track, eof = 0.0, False
+    while not (eof and proc.poll() is not None):
+        now = time.perf_counter()
+        if now - start > timeout:
+            result.timed_out = True
+            return
+        if now - last_track > _TRACK_EVERY_S:
+            family.track()
+            last_track = now
+        if eof:
+            time.sleep(_POLL_S)
+            continue
+        try:
+            line = pipe.get(timeout=_POLL_S)
+        except queue.Empty:
+            continue
+        if line is None:
+            eof = True
+            continue
+        result.lines.append(line)
+        result.line_times.append(time.perf_counter() - start)
+        say(line)
+
+
 def launch(
     script: str | Path,
     nproc: int = 2,
@@ -420,92 +531,24 @@ def launch(
     path = script_path(script)
     backend = check_backend(backend, nproc if isinstance(nproc, int) else 2)
     nproc = check_nproc(nproc, backend)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise LaunchError(f"timeout must be a positive number of seconds, got {timeout!r}.")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise LaunchError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}.")
-    if callable(echo):
-        say = echo
-    elif echo:
-        say = _HideLauncherTraceback(lambda s: print(s, flush=True))
-    else:
-        say = lambda s: None  # noqa: E731
+    _check_limits(timeout, max_restarts)
+    say = _printer(echo)
     endpoint = f"127.0.0.1:{free_port()}"
     command = torchrun_command(path, nproc, args, rdzv_endpoint=endpoint, max_restarts=max_restarts)
     result = LaunchResult(command=command, nproc=nproc, backend=backend)
-    popen_kw: dict[str, Any] = (
-        {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}  # type: ignore[attr-defined]
-        if os.name == "nt"
-        else {"start_new_session": True}
-    )
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        encoding="utf-8",
-        errors="replace",  # gloo's messages carry emoji; never die on a locale
-        bufsize=1,
-        env=worker_env(backend, nproc, threads, {**restart_env(max_restarts), **(env or {})}),
-        **popen_kw,
+    proc = _spawn(
+        command, worker_env(backend, nproc, threads, {**restart_env(max_restarts), **(env or {})})
     )
-    root = psutil.Process(proc.pid)
-    seen: dict[int, psutil.Process] = {}
-    listening: set[tuple[int, str, int]] = set()
-    pipe: queue.Queue = queue.Queue()
-    threading.Thread(target=_reader, args=(proc.stdout, pipe), daemon=True).start()
-    last_track, eof = 0.0, False
-
-    def track() -> None:
-        with contextlib.suppress(psutil.Error):
-            for child in root.children(recursive=True):
-                seen.setdefault(child.pid, child)
-        if watch_sockets:
-            for p in (root, *seen.values()):
-                listening.update((p.pid, ip, port) for ip, port in _listening(p))
-
+    family = _Family(proc.pid, watch_sockets)
     try:
-        while not (eof and proc.poll() is not None):
-            now = time.perf_counter()
-            if now - start > timeout:
-                result.timed_out = True
-                break
-            if now - last_track > _TRACK_EVERY_S:
-                track()
-                last_track = now
-            if eof:
-                time.sleep(_POLL_S)
-                continue
-            try:
-                line = pipe.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-            if line is None:
-                eof = True
-                continue
-            result.lines.append(line)
-            result.line_times.append(time.perf_counter() - start)
-            say(line)
+        _stream(proc, family, result, timeout, say)
     except KeyboardInterrupt:
         result.interrupted = True
         raise
     finally:
         result.seconds = time.perf_counter() - start
-        if result.timed_out or result.interrupted or proc.poll() is None:
-            track()
-            result.killed_pids = kill_tree(root, list(seen.values()))
-        else:  # torchrun has exited: any worker still running is an orphan, stop it
-            leftovers = [p for p in seen.values() if _alive(p.pid)]
-            if leftovers:
-                _, still = psutil.wait_procs(leftovers, timeout=2.0)
-                result.killed_pids = kill_tree(None, still) if still else []
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        result.returncode = proc.returncode
-        result.child_pids = sorted(seen)
-        result.listening = sorted(listening)
+        family.stop(proc, result)
         if not result.ok:
             result.message = explain_failure(result, timeout)
             say(f"❌ {result.message}")
@@ -586,7 +629,7 @@ def measure_scaling(nprocs: Sequence[int] = (1, 2), **kwargs: Any) -> SweepResul
     return result
 
 
-def plot_scaling(result: SweepResult):  # noqa: ANN201 - a matplotlib Figure
+def plot_scaling(result: SweepResult) -> Figure:
     """Throughput (with the ideal line) and scaling efficiency against processes (chapter 4)."""
     import matplotlib.pyplot as plt
 

@@ -98,8 +98,11 @@ def setup(timeout_s: float = 60.0) -> Context:
 
 
 def teardown() -> None:
-    """Leave the process group cleanly (chapter 4)."""
+    """Leave the process group cleanly: wait for every rank, then destroy it (chapter 4)."""
     if dist.is_initialized():
+        # Without this barrier a fast rank can close its gloo sockets while a slower one is
+        # still talking to it; the slower one then dies with "Connection reset by peer" (abort).
+        dist.barrier()
         dist.destroy_process_group()
 
 
