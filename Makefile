@@ -2,6 +2,9 @@
 #
 #   make lab    install everything into .venv and open the course in JupyterLab
 #   make test   install everything into .venv-test and run the whole test suite
+#               (installs Debian's Chromium for the browser tests where it can)
+#   make test-widgets7   the notebook suite again with ipywidgets 7.7.1, Colab's (CI runs it)
+#   make instructor      run every chapter here; executed copies + HTML in executed/
 #
 # Which torch gets installed:
 #   make lab                 -> torch from PyPI within requirements.txt's range: a CUDA build on
@@ -18,15 +21,26 @@ TEST_TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 PORT ?= 8888
 PYTEST_ARGS ?=
+# ipywidgets 7.7.1 is what Colab ships. JupyterLab renders 7.x widgets only with the 7.x front
+# end (jupyterlab_widgets 1.x; 3.x shows "Failed to load model class"), so that lane pins both.
+W7_VENV ?= .venv-widgets7
+W7_PINS = "ipywidgets==7.7.1" "jupyterlab_widgets>=1.1,<2" "widgetsnbextension>=3.6,<4"
+# The unit tests that touch widgets: files found by grep, then test functions picked by
+# tools/widget_tests_only.py, so new chapters' widget tests join by themselves.
+W7_UNIT_TESTS = $(filter-out tests/test_colab_compat.py,$(shell grep -lE 'ipywidgets|interactive_plot|run_button' tests/test_*.py))
+# In the ipywidgets-7 lane the browser runs the widget self-test notebook only.
+W7_BROWSER_ARGS ?= -k selftest
+RUN_ALL_ARGS ?=
 
 index_flag = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
-.PHONY: help lab test lint format notebooks-clean exercises unit notebooks-test clean
+.PHONY: help lab test test-widgets7 browser-test instructor lint format notebooks-clean \
+	exercises unit notebooks-test clean
 
 help: ## list the commands
-	@grep -E '^[a-z-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 20
+	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 20
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,15 +54,39 @@ $(TEST_VENV)/.installed: requirements.txt pyproject.toml
 	$(TEST_VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
 	touch $@
 
+$(W7_VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(W7_VENV)
+	$(W7_VENV)/bin/python -m pip install --quiet "torch==$(TEST_TORCH_VERSION)" $(index_flag)
+	$(W7_VENV)/bin/python -m pip install --quiet -r requirements.txt -e . $(W7_PINS)
+	touch $@
+
 lab: $(VENV)/.installed ## install everything into .venv, then open the course in JupyterLab
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) notebooks/01_devices.ipynb
 
-test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint + all tests + all notebooks
-	$(MAKE) --no-print-directory lint VENV=$(TEST_VENV)
+test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint + all tests + all notebooks + browser
+	bash tools/ensure_chromium.sh
+	$(TEST_VENV)/bin/ruff check $(LINT_DIRS)
+	$(TEST_VENV)/bin/ruff format --check helpers tests tools benchmarks
 	$(TEST_VENV)/bin/python tools/make_exercises.py --check
 	$(TEST_VENV)/bin/python tools/clean_notebooks.py --check
 	$(TEST_VENV)/bin/python -m pytest tests $(NB_DIRS) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 --timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
+
+test-widgets7: $(W7_VENV)/.installed ## the notebooks, widget tests and browser self-test with ipywidgets 7.7.1 (Colab's)
+	bash tools/ensure_chromium.sh
+	$(W7_VENV)/bin/python -c "import ipywidgets as w; assert w.__version__ == '7.7.1', w.__version__; print('ipywidgets', w.__version__)"
+	PYTHONPATH=tools $(W7_VENV)/bin/python -m pytest -p widget_tests_only \
+		$(NB_DIRS) $(W7_UNIT_TESTS) tests/test_colab_compat.py \
+		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 --timeout=900 \
+		-W "ignore::DeprecationWarning:ipywidgets.widgets.widget" -p no:cacheprovider $(PYTEST_ARGS)
+	$(W7_VENV)/bin/python -m pytest tests/browser $(W7_BROWSER_ARGS) -p no:cacheprovider $(PYTEST_ARGS)
+
+browser-test: $(TEST_VENV)/.installed ## only the JupyterLab-in-Chromium tests (screenshots in artifacts/browser/)
+	bash tools/ensure_chromium.sh
+	$(TEST_VENV)/bin/python -m pytest tests/browser -v -p no:cacheprovider $(PYTEST_ARGS)
+
+instructor: $(VENV)/.installed ## run every chapter on this machine: executed copies + HTML in executed/
+	$(VENV)/bin/python tools/run_all.py $(RUN_ALL_ARGS)
 
 lint: ## ruff on helpers, tests, tools, benchmarks and notebooks
 	$(VENV)/bin/ruff check $(LINT_DIRS)
@@ -65,4 +103,4 @@ exercises: ## regenerate exercises/ from solutions/
 	$(VENV)/bin/python tools/make_exercises.py
 
 clean: ## remove the virtual environments and caches
-	rm -rf $(VENV) $(TEST_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TEST_VENV) $(W7_VENV) .pytest_cache .ruff_cache

@@ -698,5 +698,9 @@ def amp_controls(
         "width": widgets.Dropdown(
             options=list(widths), value=default_width(device), description="MLP width"
         ),
-        "allow_slow": widgets.Checkbox(value=allow_slow, description="run slow/emulated ones too"),
+        "allow_slow": widgets.Checkbox(
+            value=allow_slow,
+            description="run slow/emulated ones too",
+            style={"description_width": "initial"},
+        ),
     }
