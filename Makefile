@@ -33,6 +33,8 @@ W7_BROWSER_ARGS ?= -k selftest
 RUN_ALL_ARGS ?=
 
 index_flag = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+# Jupyter refuses to run as root (containers, cloud boxes) unless told it may.
+root_flag = $(if $(filter 0,$(shell id -u)),--allow-root,)
 NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
@@ -61,7 +63,7 @@ $(W7_VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 lab: $(VENV)/.installed ## install everything into .venv, then open the course in JupyterLab
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) notebooks/01_devices.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) $(root_flag) notebooks/01_devices.ipynb
 
 test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint + all tests + all notebooks + browser
 	bash tools/ensure_chromium.sh
