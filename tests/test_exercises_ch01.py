@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import exercise_namespace
 
 from helpers.checks import FAIL, PASS, TODO
 from helpers.checks import ch01 as checks
 from helpers.timing import BenchResult
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = exercise_namespace("solutions/01_devices_solutions.ipynb")
 EXERCISES = exercise_namespace("exercises/01_devices_exercises.ipynb")
@@ -183,9 +184,8 @@ def test_evaluate_with_the_raise_line_deleted_still_fails() -> None:
 
 
 def _exercise_source(start: str) -> str:
-    from conftest import ROOT
-
     import nbfiles
+    from nbfiles import ROOT
 
     nb = nbfiles.read(ROOT / "exercises" / "01_devices_exercises.ipynb")
     return next(c.source for c in nb.cells if c.cell_type == "code" and start in c.source)

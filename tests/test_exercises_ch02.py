@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import exercise_namespace
 from torch import nn
 
 from helpers.checks import FAIL, PASS, TODO
@@ -14,6 +13,8 @@ from helpers.checks.ch02 import (
     check_train_epoch,
     check_train_steps,
 )
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = "solutions/02_training_loop_solutions.ipynb"
 EXERCISES = "exercises/02_training_loop_exercises.ipynb"

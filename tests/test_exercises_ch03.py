@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import exercise_namespace
 from torch import nn
 
 from helpers.checks import FAIL, PASS, TODO
 from helpers.checks import ch03 as checks
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = exercise_namespace("solutions/03_mixed_precision_solutions.ipynb")
 EXERCISES = exercise_namespace("exercises/03_mixed_precision_exercises.ipynb")

@@ -12,12 +12,13 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import exercise_namespace
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from helpers.checks import FAIL, PASS, TODO, CheckFailed, ch04
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = "solutions/04_multi_gpu_solutions.ipynb"
 EXERCISES = "exercises/04_multi_gpu_exercises.ipynb"

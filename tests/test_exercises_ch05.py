@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import exercise_namespace
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import FAIL, PASS, TODO
 from helpers.checks import ch05 as checks
 from helpers.sweeps import is_out_of_memory
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = exercise_namespace("solutions/05_memory_solutions.ipynb")
 EXERCISES = exercise_namespace("exercises/05_memory_exercises.ipynb")

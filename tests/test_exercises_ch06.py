@@ -8,11 +8,12 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import exercise_namespace
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.checks import FAIL, PASS, TODO
 from helpers.checks.ch06 import check_fast_train, check_measure, check_step_mfu, check_top_self_op
+
+from nbfiles import exercise_namespace
 
 SOLUTIONS = "solutions/06_profiling_solutions.ipynb"
 EXERCISES = "exercises/06_profiling_exercises.ipynb"
