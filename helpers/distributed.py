@@ -5,8 +5,9 @@ Why a subprocess: ``mp.spawn`` from a notebook must pickle functions defined in
 Running ``torchrun`` (``python -m torch.distributed.run``) on a script file as a
 subprocess avoids both: every rank is a fresh Python process.
 
-:func:`launch` does it with the guard rails a class needs: it checks the arguments, picks a
-free port on 127.0.0.1, streams the ranks' output into the notebook line by line, stops at a
+:func:`launch` does it with the guard rails a class needs: it checks the arguments, lets the
+ranks meet through files in a fresh temporary folder (so no rendezvous port listens on the
+network), streams the ranks' output into the notebook line by line, stops at a
 wall-clock timeout, and on timeout, error or interrupt kills torchrun *and* its workers
 (torchrun starts each worker in its own session, so killing torchrun's process group is not
 enough: the launcher tracks every descendant it has seen). It returns a
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from helpers.scripts.common import BACKEND_ENV, BACKENDS, READY_MARKER
+from helpers.scripts.common import BACKEND_ENV, BACKENDS, PG_FILE_ENV, READY_MARKER
 from helpers.sweeps import SweepResult, positive_int, run_sweep
 
 if TYPE_CHECKING:
@@ -180,11 +181,25 @@ def torchrun_command(
     args: Sequence[Any] = (),
     *,
     nnodes: str | int = 1,
-    rdzv_endpoint: str = "127.0.0.1:0",
+    rdzv_endpoint: str | None = None,
+    rdzv_dir: str | Path | None = None,
     rdzv_id: str | None = None,
     max_restarts: int = 0,
 ) -> list[str]:
-    """The torchrun command line; the defaults are --standalone spelled out on 127.0.0.1 (chapter 4)."""
+    """The torchrun command: rendezvous at HOST:PORT (multi-node) or in a file in rdzv_dir (chapter 4)."""
+    if (rdzv_endpoint is None) == (rdzv_dir is None):
+        raise LaunchError(
+            "Give exactly one of rdzv_endpoint='HOST:PORT' (a TCP rendezvous, needed across "
+            "machines) or rdzv_dir=FOLDER (one machine: the rendezvous is a file, no port opens)."
+        )
+    if rdzv_dir is not None:
+        rendezvous = [
+            f"--rdzv-endpoint={Path(rdzv_dir) / 'rendezvous'}",
+            "--rdzv-conf=store_type=file",
+            "--local-addr=127.0.0.1",
+        ]
+    else:
+        rendezvous = [f"--rdzv-endpoint={rdzv_endpoint}"]
     return [
         sys.executable,
         "-m",
@@ -192,7 +207,7 @@ def torchrun_command(
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rdzv_endpoint}",
+        *rendezvous,
         f"--rdzv-id={rdzv_id or uuid.uuid4().hex[:12]}",
         f"--max-restarts={max_restarts}",
         str(script),
@@ -218,6 +233,15 @@ def worker_env(
     return env
 
 
+def file_rendezvous_env(rdzv_dir: str | Path) -> dict[str, str]:
+    """Environment for one machine with no TCP store: the ranks meet in a file in rdzv_dir (chapter 4)."""
+    return {
+        PG_FILE_ENV: str(Path(rdzv_dir) / "process_group"),
+        # without this, torchrun would host a TCPStore for the ranks, listening on every interface
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+
+
 def restart_env(max_restarts: int) -> dict[str, str]:
     """Extra environment for restarts: torch issue #135712 breaks them with the shared store (chapter 4)."""
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
@@ -236,8 +260,9 @@ def alive_pids(pids: Sequence[int]) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def _listening(proc: psutil.Process) -> list[tuple[str, int]]:
-    """The (address, port) pairs `proc` listens on, TCP (chapter 4)."""
+def listening_sockets(proc: psutil.Process | None = None) -> list[tuple[str, int]]:
+    """The TCP (address, port) pairs a process (default: this one) listens on (chapter 4)."""
+    proc = proc or psutil.Process()
     get = getattr(proc, "net_connections", None) or proc.connections
     try:
         conns = get(kind="tcp")
@@ -459,7 +484,7 @@ class _Family:
                 self.seen.setdefault(child.pid, child)
         if self.watch_sockets:
             for p in (self.root, *self.seen.values()):
-                self.listening.update((p.pid, ip, port) for ip, port in _listening(p))
+                self.listening.update((p.pid, ip, port) for ip, port in listening_sockets(p))
 
     def stop(self, proc: subprocess.Popen, result: LaunchResult) -> None:
         """Kill whatever is left (all of it on timeout or interrupt), then fill in the result (chapter 4)."""
@@ -533,12 +558,13 @@ def launch(
     nproc = check_nproc(nproc, backend)
     _check_limits(timeout, max_restarts)
     say = _printer(echo)
-    endpoint = f"127.0.0.1:{free_port()}"
-    command = torchrun_command(path, nproc, args, rdzv_endpoint=endpoint, max_restarts=max_restarts)
+    rdzv_dir = Path(tempfile.mkdtemp(prefix="course_ch04_rdzv_"))
+    command = torchrun_command(path, nproc, args, rdzv_dir=rdzv_dir, max_restarts=max_restarts)
     result = LaunchResult(command=command, nproc=nproc, backend=backend)
     start = time.perf_counter()
     proc = _spawn(
-        command, worker_env(backend, nproc, threads, {**restart_env(max_restarts), **(env or {})})
+        command,
+        worker_env(backend, nproc, threads, {**file_rendezvous_env(rdzv_dir), **(env or {})}),
     )
     family = _Family(proc.pid, watch_sockets)
     try:
@@ -549,6 +575,7 @@ def launch(
     finally:
         result.seconds = time.perf_counter() - start
         family.stop(proc, result)
+        shutil.rmtree(rdzv_dir, ignore_errors=True)
         if not result.ok:
             result.message = explain_failure(result, timeout)
             say(f"❌ {result.message}")

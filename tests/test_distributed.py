@@ -131,10 +131,30 @@ def test_free_port_and_loopback() -> None:
         assert env["GLOO_SOCKET_IFNAME"] == d.loopback_interface()
 
 
-def test_torchrun_command_flags_exist(torchrun_help: str) -> None:
-    cmd = d.torchrun_command("x.py", 2, max_restarts=1)
+@pytest.mark.parametrize("where", [{"rdzv_dir": "/tmp/r"}, {"rdzv_endpoint": "node1:29500"}])
+def test_torchrun_command_flags_exist(torchrun_help: str, where: dict[str, str]) -> None:
+    cmd = d.torchrun_command("x.py", 2, max_restarts=1, **where)
     for flag in [c.split("=")[0] for c in cmd if c.startswith("--")]:
         assert flag in torchrun_help, f"torchrun has no {flag}"
+
+
+def test_torchrun_command_needs_one_rendezvous() -> None:
+    with pytest.raises(d.LaunchError, match="exactly one"):
+        d.torchrun_command("x.py", 2)
+    with pytest.raises(d.LaunchError, match="exactly one"):
+        d.torchrun_command("x.py", 2, rdzv_dir="/tmp/r", rdzv_endpoint="h:1")
+    cmd = d.torchrun_command("x.py", 2, rdzv_dir="/tmp/r")
+    assert "--rdzv-conf=store_type=file" in cmd and "--local-addr=127.0.0.1" in cmd
+
+
+def test_init_method_file_per_attempt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from helpers.scripts import common
+
+    monkeypatch.delenv(common.PG_FILE_ENV, raising=False)
+    assert common.init_method() == "env://"
+    monkeypatch.setenv(common.PG_FILE_ENV, str(tmp_path / "pg"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert common.init_method() == (tmp_path / "pg-2").resolve().as_uri()
 
 
 def test_script_outside_torchrun_explains(tmp_path: Path) -> None:
@@ -225,10 +245,12 @@ def test_manual_allreduce_equals_one_process(tmp_path: Path) -> None:
         assert close(r["no_division"], ref, 2.0)
         assert close(r["sources_recipe"], ref, 2.0)
     assert all(torch.equal(a, b) for a, b in zip(ranks[1]["no_grad_local"], ranks[1]["local"]))
-    # every address torchrun and the ranks listen on is loopback, or the TCPStore's wildcard
+    # only the ranks' gloo sockets listen, and only on loopback; torchrun itself listens nowhere
     addrs = {ip for _, ip, _ in res.listening}
     assert addrs, "no listening socket was seen"
-    assert addrs <= {"127.0.0.1", "::1", "::", "0.0.0.0"}, addrs
+    assert addrs <= {"127.0.0.1", "::1"}, res.listening
+    # child_pids are torchrun's descendants (the ranks), never torchrun itself
+    assert {pid for pid, _, _ in res.listening} <= set(res.child_pids), res.listening
     assert d.alive_pids(res.child_pids) == []
 
 

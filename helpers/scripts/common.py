@@ -4,7 +4,8 @@ The scripts run under ``torchrun``, which starts one process per rank and descri
 in environment variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``). :func:`setup` reads them, picks the backend (NCCL with one GPU per rank on
 CUDA, gloo on CPU) and joins the group with a timeout, so a lost peer becomes an error
-instead of a hang. Results go to ``--out DIR`` as ``torch.save`` files that the notebook
+instead of a hang. On one machine the course's launcher passes a file instead of a port
+(``$COURSE_PG_FILE``), so the ranks meet without opening a TCP store on the network. Results go to ``--out DIR`` as ``torch.save`` files that the notebook
 reads back with ``torch.load(..., weights_only=True)``.
 """
 
@@ -26,6 +27,8 @@ from torch import nn
 BACKEND_ENV = "COURSE_DIST_BACKEND"
 #: The backends the course uses.
 BACKENDS = ("gloo", "nccl")
+#: Set by the launcher on one machine: the ranks meet through this file instead of a TCP port.
+PG_FILE_ENV = "COURSE_PG_FILE"
 #: Rank 0 prints this once the process group is up; the launcher times start-up with it.
 READY_MARKER = "[course] process group ready"
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -59,6 +62,16 @@ def choose_backend() -> str:
     return name
 
 
+def init_method() -> str:
+    """'file://...' when the launcher set $COURSE_PG_FILE (one machine), else 'env://' (chapter 4)."""
+    path = os.environ.get(PG_FILE_ENV, "").strip()
+    if not path:
+        return "env://"  # rank 0 hosts a TCPStore at MASTER_ADDR:MASTER_PORT
+    # a fresh file for each restart: a dead attempt can leave its file behind
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Path(f"{path}-{attempt}").resolve().as_uri()
+
+
 def setup(timeout_s: float = 60.0) -> Context:
     """Join the process group torchrun described in the environment, with a timeout (chapter 4)."""
     missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
@@ -71,7 +84,12 @@ def setup(timeout_s: float = 60.0) -> Context:
         )
     backend = choose_backend()
     local_rank = int(os.environ["LOCAL_RANK"])
-    timeout = datetime.timedelta(seconds=timeout_s)
+    join: dict[str, Any] = {
+        "init_method": init_method(),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "timeout": datetime.timedelta(seconds=timeout_s),
+    }
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
             raise SystemExit(
@@ -82,10 +100,10 @@ def setup(timeout_s: float = 60.0) -> Context:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False  # exact comparisons with fp32 references
         torch.backends.cudnn.allow_tf32 = False
-        dist.init_process_group(backend, timeout=timeout, device_id=device)
+        dist.init_process_group(backend, device_id=device, **join)
     else:
         device = torch.device("cpu")
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, **join)
     ctx = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
     dist.barrier()
     if ctx.is_main:
