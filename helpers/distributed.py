@@ -242,11 +242,6 @@ def file_rendezvous_env(rdzv_dir: str | Path) -> dict[str, str]:
     }
 
 
-def restart_env(max_restarts: int) -> dict[str, str]:
-    """Extra environment for restarts: torch issue #135712 breaks them with the shared store (chapter 4)."""
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
-
-
 def _alive(pid: int) -> bool:
     """True if a process with this pid exists and is not a zombie (chapter 4)."""
     try:
