@@ -7,6 +7,7 @@ the same functions, so what the chapter shows is what the benchmark measures.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -64,6 +65,84 @@ def make_adam(
     return torch.optim.Adam(params, lr=lr, **flags[impl])
 
 
+def flatten_parameters(model: nn.Module) -> nn.Parameter:
+    """Move all of `model`'s parameters and gradients into one buffer each; returns the flat parameter (chapter 2).
+
+    Each parameter of the model becomes a view (a window) into one flat tensor, and its
+    ``.grad`` a view into one flat gradient buffer, so backward adds every gradient into that
+    buffer and one optimizer update on the flat tensor updates the whole model. Zero the
+    gradients in place from then on (``flat.grad.zero_()``): ``set_to_none=True`` would
+    replace the views. Flatten after ``model.to(device)``, not before.
+    """
+    params = list(model.parameters())
+    if not params:
+        raise ValueError("The model has no parameters to flatten.")
+    kinds = {(p.device, p.dtype) for p in params}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"All parameters must share one device and dtype to live in one buffer; got "
+            f"{sorted(f'{d}/{t}' for d, t in kinds)}. Move the model with .to(device, dtype) first."
+        )
+    if not all(p.requires_grad for p in params):
+        raise ValueError("Every parameter must require grad (unfreeze them, or leave them out).")
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        # `.data` swaps the storage behind the Parameter without autograd seeing an operation
+        p.data = flat.data[offset : offset + n].view_as(p)
+        p.grad = flat.grad[offset : offset + n].view_as(p)
+        offset += n
+    return flat
+
+
+class FlatAdam:
+    """Adam on one flat parameter in seven tensor ops: torch.optim.Adam's math without its per-step bookkeeping (chapter 2).
+
+    The update is torch.optim.Adam's (no weight decay, no AMSGrad). What it leaves out is
+    what makes ``torch.optim`` general: parameter groups, hooks, per-tensor state, learning
+    rate schedulers and ``state_dict``. Worth it only where a profile shows that the
+    optimizer's Python dominates a tiny step, as in chapter 2.
+    """
+
+    def __init__(
+        self,
+        flat: torch.Tensor,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        if not isinstance(flat, torch.Tensor) or flat.dim() != 1 or flat.grad is None:
+            raise ValueError(
+                "FlatAdam needs the 1-D parameter returned by flatten_parameters(model), whose "
+                ".grad is the gradient buffer."
+            )
+        if not lr > 0 or not eps > 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"Need lr > 0, eps > 0 and 0 <= betas < 1; got {lr}, {eps}, {betas}.")
+        self.flat, self.lr, self.betas, self.eps = flat, float(lr), betas, float(eps)
+        self.steps = 0  # a Python int: reading it never syncs
+        self.exp_avg = torch.zeros_like(flat)
+        self.exp_avg_sq = torch.zeros_like(flat)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero the gradient buffer in place; never None, because the model's .grad are views of it (chapter 2)."""
+        self.flat.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One Adam update of the flat parameter, the formula of torch.optim.Adam (chapter 2)."""
+        self.steps += 1
+        beta1, beta2 = self.betas
+        grad = self.flat.grad
+        self.exp_avg.lerp_(grad, 1 - beta1)  # m = beta1 * m + (1 - beta1) * g
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)  # v = beta2 * v + ...
+        bias1 = 1 - beta1**self.steps
+        bias2_sqrt = math.sqrt(1 - beta2**self.steps)
+        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
+        self.flat.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
+
+
 def sources_epoch(
     model: nn.Module,
     loader: Iterable,
@@ -88,7 +167,7 @@ def sources_epoch(
 def fast_epoch(
     model: nn.Module,
     batches: Iterable,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | FlatAdam,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     set_to_none: bool = True,
 ) -> list[float]:

@@ -12,7 +12,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers.batching import DeviceLoader, ResidentBatches, check_batch_size
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
-from helpers.loops import best_adam_impl, fast_epoch, make_adam, make_mlp, torch_threads
+from helpers.loops import (
+    FlatAdam,
+    best_adam_impl,
+    fast_epoch,
+    flatten_parameters,
+    make_adam,
+    make_mlp,
+    torch_threads,
+)
 from helpers.sweeps import SweepResult, positive_int, run_sweep
 from helpers.timing import benchmark
 
@@ -49,14 +57,23 @@ def measure_batch_size(
     feeding: str = "resident",
     min_run_time: float = 0.1,
     seed: int = 0,
+    flat_adam: bool = False,
 ) -> dict[str, float]:
-    """Train one epoch from a fixed init (its loss is the 'after 1 epoch' column), then time epochs (chapter 2)."""
+    """Train one epoch from a fixed init (its loss is the 'after 1 epoch' column), then time epochs (chapter 2).
+
+    The optimizer is torch.optim.Adam (fused where possible), or with ``flat_adam=True`` the
+    final loop's flat parameters + FlatAdam (section 5.5 of chapter 2).
+    """
     batch_size = check_batch_size(batch_size, len(x))
     if feeding not in FEEDING:
         raise ValueError(f"feeding must be one of {FEEDING}, got {feeding!r}.")
     torch.manual_seed(seed)
     model = make_mlp(logits=True).to(x.device)
-    optimizer = make_adam(model.parameters(), impl=best_adam_impl(x.device))
+    optimizer: torch.optim.Optimizer | FlatAdam
+    if flat_adam:
+        optimizer = FlatAdam(flatten_parameters(model))
+    else:
+        optimizer = make_adam(model.parameters(), impl=best_adam_impl(x.device))
     loss_fn = nn.BCEWithLogitsLoss()
     batches = _batches(x, y, batch_size, feeding, seed)
     fast_epoch(model, batches, optimizer, loss_fn)  # first epoch: also the warm-up

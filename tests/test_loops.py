@@ -11,8 +11,10 @@ from helpers.batching import PermutationSampler, ResidentBatches
 from helpers.data import make_classification_data
 from helpers.loops import (
     ADAM_IMPLS,
+    FlatAdam,
     best_adam_impl,
     fast_epoch,
+    flatten_parameters,
     make_adam,
     make_mlp,
     sources_epoch,
@@ -110,3 +112,94 @@ def test_time_once() -> None:
     assert time_once(lambda: sum(range(1000))) >= 0
     with pytest.raises(TypeError, match="function"):
         time_once(3)
+
+
+# --- flat parameters and FlatAdam (section 5.5) --------------------------------------------
+
+
+def test_flatten_parameters_makes_views_of_one_buffer() -> None:
+    torch.manual_seed(0)
+    m = make_mlp(logits=True)
+    before = [p.detach().clone() for p in m.parameters()]
+    flat = flatten_parameters(m)
+    assert flat.dim() == 1 and flat.numel() == sum(b.numel() for b in before)
+    for p, b in zip(m.parameters(), before):
+        assert torch.equal(p, b), "values are kept"
+        assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    x, y = make_classification_data(32, 20)
+    nn.BCEWithLogitsLoss()(m(x), y).backward()
+    assert flat.grad.abs().sum() > 0
+    assert torch.equal(flat.grad, torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+    with torch.no_grad():
+        flat.add_(1.0)  # an update of the flat tensor is an update of the model
+    for p, b in zip(m.parameters(), before):
+        torch.testing.assert_close(p.detach(), b + 1.0)
+
+
+def test_flatten_parameters_bad_input() -> None:
+    with pytest.raises(ValueError, match="no parameters"):
+        flatten_parameters(nn.ReLU())
+    mixed = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match="one device and dtype"):
+        flatten_parameters(mixed)
+    frozen = nn.Linear(2, 2)
+    frozen.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="require grad"):
+        flatten_parameters(frozen)
+
+
+@pytest.mark.parametrize(
+    "lr, betas", [(1e-3, (0.9, 0.999)), (0.05, (0.5, 0.9)), (0.01, (0.0, 0.0))]
+)
+def test_flat_adam_matches_torch_adam(lr: float, betas: tuple[float, float]) -> None:
+    x, y = make_classification_data(256, 20, seed=3)
+    torch.manual_seed(1)
+    ref, flat_model = make_mlp(logits=True), make_mlp(logits=True)
+    flat_model.load_state_dict(ref.state_dict())
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=lr, betas=betas, foreach=False)
+    opt = FlatAdam(flatten_parameters(flat_model), lr=lr, betas=betas)
+    loss_fn = nn.BCEWithLogitsLoss()
+    for step in range(40):
+        xb, yb = x[step % 4 * 64 :][:64], y[step % 4 * 64 :][:64]
+        for model, o in ((ref, ref_opt), (flat_model, opt)):
+            o.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            o.step()
+    assert opt.steps == 40
+    for p, q in zip(ref.parameters(), flat_model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+
+
+def test_fast_epoch_with_flat_adam_same_math_one_sync() -> None:
+    from helpers.syncs import count_syncs
+
+    x, y = make_classification_data(640, 20, seed=1)
+    torch.manual_seed(0)
+    a, b = make_mlp(logits=True), make_mlp(logits=True)
+    b.load_state_dict(a.state_dict())
+    opt_a = make_adam(a.parameters(), impl=best_adam_impl("cpu"))
+    opt_b = FlatAdam(flatten_parameters(b))
+    feeds = [
+        ResidentBatches(x, y, batch_size=64, generator=torch.Generator().manual_seed(2))
+        for _ in range(2)
+    ]
+    la = fast_epoch(a, feeds[0], opt_a, nn.BCEWithLogitsLoss())
+    lb, counter = count_syncs(fast_epoch, b, feeds[1], opt_b, nn.BCEWithLogitsLoss())
+    assert counter.count == 1, "FlatAdam adds no host sync"
+    torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=1e-4, atol=1e-5)
+
+
+def test_flat_adam_bad_input() -> None:
+    m = make_mlp(logits=True)
+    with pytest.raises(ValueError, match="flatten_parameters"):
+        FlatAdam(next(m.parameters()))  # 2-D weight, not the flat parameter
+    with pytest.raises(ValueError, match="flatten_parameters"):
+        FlatAdam(torch.zeros(5, requires_grad=True))  # no gradient buffer
+    flat = flatten_parameters(m)
+    for kwargs in ({"lr": 0}, {"lr": -1e-3}, {"eps": 0}, {"betas": (0.9, 1.0)}):
+        with pytest.raises(ValueError, match="lr > 0"):
+            FlatAdam(flat, **kwargs)
+    opt = FlatAdam(flat)
+    opt.zero_grad(set_to_none=True)  # stays a zeroed buffer: the model's grads are views of it
+    assert flat.grad is not None and not flat.grad.any()

@@ -87,3 +87,11 @@ def test_widget_button_runs_and_plots() -> None:
     box.run_button.click()
     assert isinstance(box.last_result, SweepResult)
     assert box.last_result.feeding == "DataLoader" and len(box.last_result) == 2
+
+
+def test_measure_batch_size_with_flat_adam_same_loss() -> None:
+    x, y = make_classification_data(256, 20)
+    plain = measure_batch_size(32, x=x, y=y, min_run_time=0.01)
+    flat = measure_batch_size(32, x=x, y=y, min_run_time=0.01, flat_adam=True)
+    assert flat["steps/epoch"] == plain["steps/epoch"] == 8 and flat["µs/step"] > 0
+    assert flat["loss after 1 epoch"] == pytest.approx(plain["loss after 1 epoch"], rel=1e-4)
