@@ -5,8 +5,9 @@ in environment variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADD
 ``MASTER_PORT``). :func:`setup` reads them, picks the backend (NCCL with one GPU per rank on
 CUDA, gloo on CPU) and joins the group with a timeout, so a lost peer becomes an error
 instead of a hang. On one machine the course's launcher passes a file instead of a port
-(``$COURSE_PG_FILE``), so the ranks meet without opening a TCP store on the network. Results go to ``--out DIR`` as ``torch.save`` files that the notebook
-reads back with ``torch.load(..., weights_only=True)``.
+(``$COURSE_PG_FILE``), so the ranks meet without opening a TCP store on the network.
+Results go to ``--out DIR`` as ``torch.save`` files that the notebook reads back with
+``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
