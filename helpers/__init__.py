@@ -19,14 +19,14 @@ Chapter 2, the training loop
 - ``helpers.data``: the sources' synthetic task, made in code
 - ``helpers.syncs``: counting host syncs on any device
 - ``helpers.batching``: device-resident batches, samplers, a slow dataset
-- ``helpers.loops``: the sources' loop and the fast loop, thread and timing helpers
+- ``helpers.loops``: the sources' loop and the fast loop, flat parameters + FlatAdam, threads, timing
 - ``helpers.throughput``: the batch-size sweep, its plot and widget
 
 Chapter 3, mixed precision
 - ``helpers.precision``: number formats, the AMP dtype by hardware, fp32-vs-AMP sweeps
 
 Chapter 4, multi-GPU
-- ``helpers.distributed``: launching torchrun scripts from a notebook, safely
+- ``helpers.distributed``: launching torchrun scripts from a notebook, safely, loopback only
 - ``helpers.scripts``: the distributed programs the chapter launches
 
 Chapter 5, memory
