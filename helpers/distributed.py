@@ -47,6 +47,7 @@ SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 _NOT_SCRIPTS = {"__init__", "common"}
 _POLL_S = 0.1
 _TRACK_EVERY_S = 0.25
+_TRACK_SOCKETS_EVERY_S = 0.05  # listening sockets can be short-lived: sample them more often
 
 
 class LaunchError(RuntimeError):
@@ -510,19 +511,20 @@ def _stream(
     pipe: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, pipe), daemon=True).start()
     last_track, eof = 0.0, False
+    every = _TRACK_SOCKETS_EVERY_S if family.watch_sockets else _TRACK_EVERY_S
     while not (eof and proc.poll() is not None):
         now = time.perf_counter()
         if now - start > timeout:
             result.timed_out = True
             return
-        if now - last_track > _TRACK_EVERY_S:
+        if now - last_track > every:
             family.track()
             last_track = now
         if eof:
-            time.sleep(_POLL_S)
+            time.sleep(min(_POLL_S, every))
             continue
         try:
-            line = pipe.get(timeout=_POLL_S)
+            line = pipe.get(timeout=min(_POLL_S, every))
         except queue.Empty:
             continue
         if line is None:

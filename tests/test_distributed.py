@@ -245,11 +245,8 @@ def test_manual_allreduce_equals_one_process(tmp_path: Path) -> None:
         assert close(r["no_division"], ref, 2.0)
         assert close(r["sources_recipe"], ref, 2.0)
     assert all(torch.equal(a, b) for a, b in zip(ranks[1]["no_grad_local"], ranks[1]["local"]))
-    # only the ranks' gloo sockets listen, and only on loopback; torchrun itself listens nowhere
-    addrs = {ip for _, ip, _ in res.listening}
-    assert addrs, "no listening socket was seen"
-    assert addrs <= {"127.0.0.1", "::1"}, res.listening
-    # child_pids are torchrun's descendants (the ranks), never torchrun itself
+    # whatever listened (the ranks' gloo sockets, if a sample caught them) was on loopback
+    assert {ip for _, ip, _ in res.listening} <= {"127.0.0.1", "::1"}, res.listening
     assert {pid for pid, _, _ in res.listening} <= set(res.child_pids), res.listening
     assert d.alive_pids(res.child_pids) == []
 
@@ -328,10 +325,27 @@ def test_dead_rank_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
 
 def test_hang_becomes_an_error_at_the_process_group_timeout(tmp_path: Path) -> None:
     args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 1, "--hang", "--pg-timeout", 5]
-    res = launch("elastic_train", args, timeout=90, check=False)
+    res = launch("elastic_train", args, timeout=90, check=False, watch_sockets=True)
     assert res.returncode not in (0, None) and not res.timed_out
     assert "rank 0 failed first" in res.message
     assert d.alive_pids(res.child_pids) == []
+    # the ranks sat connected for 5 s: their gloo sockets were seen, all on loopback, and
+    # torchrun (not among child_pids, which are its descendants) listened on nothing
+    addrs = {ip for _, ip, _ in res.listening}
+    assert addrs, "no listening socket was seen in 5 s"
+    assert addrs <= {"127.0.0.1", "::1"}, res.listening
+    assert {pid for pid, _, _ in res.listening} <= set(res.child_pids), res.listening
+
+
+def test_listening_sockets_sees_this_process() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert ("127.0.0.1", port) in d.listening_sockets()
+    assert ("127.0.0.1", port) not in d.listening_sockets()
 
 
 def test_launch_timeout_kills_torchrun_and_workers(tmp_path: Path) -> None:
