@@ -1,4 +1,4 @@
-"""Chapter 4 checkers: the solutions pass, the untouched stubs are 'todo', typical mistakes fail.
+"""Chapter 4 checkers fail typical wrong answers (solution/stub: test_exercise_checks.py).
 
 The distributed checkers launch 2 gloo ranks with torchrun (a few seconds each); an
 untouched stub is recognised without launching anything.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,12 +15,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from helpers.checks import FAIL, PASS, TODO, CheckFailed, ch04
+from helpers.checks import FAIL, CheckFailed, ch04
 
 from nbfiles import exercise_namespace
 
 SOLUTIONS = "solutions/04_multi_gpu_solutions.ipynb"
-EXERCISES = "exercises/04_multi_gpu_exercises.ipynb"
 CHECKS = {
     "scaled_lr": ch04.check_scaled_lr,
     "average_gradients": ch04.check_average_gradients,
@@ -33,23 +31,6 @@ CHECKS = {
 @pytest.fixture(scope="module")
 def solutions() -> dict:
     return exercise_namespace(SOLUTIONS)
-
-
-@pytest.fixture(scope="module")
-def stubs() -> dict:
-    return exercise_namespace(EXERCISES)
-
-
-@pytest.mark.parametrize("name", CHECKS)
-def test_solution_passes(solutions: dict, name: str) -> None:
-    assert CHECKS[name](solutions[name]).status == PASS
-
-
-@pytest.mark.parametrize("name", CHECKS)
-def test_untouched_stub_is_todo(stubs: dict, name: str) -> None:
-    before = set(psutil.Process().children(recursive=True))
-    assert CHECKS[name](stubs[name]).status == TODO
-    assert set(psutil.Process().children(recursive=True)) <= before, "no launch for a stub"
 
 
 # --- typical wrong answers --------------------------------------------------------------------
