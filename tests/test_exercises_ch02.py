@@ -281,3 +281,98 @@ def sorts_in_place(rows, memory_cap):
 def test_fastest_batch_size_wrong_answers(fn, hint: str) -> None:
     result = check_fastest_batch_size(fn)
     assert result.status == FAIL and hint in result.message
+
+
+# --- new wrong answers of each kind (issue 16) and other correct styles --------------------
+
+
+def graph_keeping_steps(model, x, y, device, steps=20):
+    """Stores the losses without detach(): every step's graph stays alive."""
+    model.to(device)
+    x, y = x.to(device), y.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+    return torch.stack(losses)
+
+
+def graph_keeping_epoch(model, batches, optimizer):
+    loss_fn = nn.BCEWithLogitsLoss()
+    device = next(model.parameters()).device
+    total = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device)
+    best = torch.full((), float("inf"), device=device)
+    seen = 0
+    for xb, yb in batches:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(xb)
+        loss = loss_fn(logits, yb)
+        loss.backward()
+        optimizer.step()
+        best = torch.minimum(best, loss)
+        total = total + loss * len(xb)
+        correct = correct + ((logits > 0).float() == yb).sum()
+        seen += len(xb)
+    return total / seen, correct / seen, best
+
+
+def divides_by_zero(x, y, batch_size, generator):
+    steps = len(x) // batch_size  # ZeroDivisionError for batch_size=0
+    perm = torch.randperm(len(x), generator=generator).to(x.device)
+    for s in range(steps + (len(x) % batch_size > 0)):
+        idx = perm[s * batch_size : (s + 1) * batch_size]
+        yield x[idx], y[idx]
+
+
+def assumes_sorted(rows, memory_cap):
+    best = None
+    for r in rows:
+        if r["peak memory"] > memory_cap:
+            break
+        if best is None or r["samples/s"] > best["samples/s"]:
+            best = r
+    if best is None:
+        raise ValueError("nothing fits")
+    return best["batch size"]
+
+
+def test_keeping_the_graph_fails() -> None:
+    assert "graph" in check_train_steps(graph_keeping_steps).message
+    assert "graph" in check_train_epoch(graph_keeping_epoch).message
+
+
+def test_a_crash_in_a_probe_names_the_probe() -> None:
+    result = check_resident_batches(divides_by_zero)
+    assert result.status == FAIL and result.message.startswith("[probe: batch_size=0]")
+    assert "ZeroDivisionError" in result.message and "len(x) // batch_size" in result.message
+
+
+def test_assuming_sorted_rows_fails() -> None:
+    result = check_fastest_batch_size(assumes_sorted)
+    assert result.status == FAIL and "another order" in result.message
+
+
+def test_other_correct_styles_pass() -> None:
+    def batches_by_split(x, y, batch_size, generator):
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        perm = torch.randperm(x.shape[0], generator=generator, device="cpu").to(x.device)
+        for idx in perm.split(batch_size):
+            yield x[idx], y[idx]
+
+    def sorted_pick(rows, memory_cap):
+        ok = sorted(
+            (r for r in rows if r["peak memory"] <= memory_cap),
+            key=lambda r: (-r["samples/s"], r["batch size"]),
+        )
+        if not ok:
+            raise ValueError("no row fits under the cap")
+        return int(ok[0]["batch size"])
+
+    assert check_resident_batches(batches_by_split).passed
+    assert check_fastest_batch_size(sorted_pick).passed

@@ -269,3 +269,183 @@ def test_scaler_checkpoint_wrong_answers_fail(save, load, hint: str) -> None:
     load = load or SOLUTIONS["load_checkpoint"]
     result = checks.check_scaler_checkpoint(save, load)
     assert result.status == FAIL and hint in result.message
+
+
+# --- new wrong answers of each kind (issue 16) and other correct styles --------------------
+
+
+def fate_old_official(x: float) -> str:
+    """The solution before issue 16: just under 2**-14 it says 'subnormal' where a cast rounds up."""
+    info = torch.finfo(torch.float16)
+    size = abs(x)
+    if size >= info.max + 16:
+        return "inf"
+    if size <= info.smallest_normal * info.eps / 2:
+        return "zero"
+    return "subnormal" if size < info.smallest_normal else "normal"
+
+
+def fate_strict_max(x: float) -> str:
+    info = torch.finfo(torch.float16)
+    size = abs(x)
+    if size > info.max:
+        return "inf"
+    if size < info.smallest_normal * info.eps / 2:
+        return "zero"
+    return "subnormal" if size < info.smallest_normal else "normal"
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [(fate_old_official, "rounds UP to the smallest normal"), (fate_strict_max, "65,504")],
+)
+def test_fp16_fate_edge_answers_fail(wrong, hint: str) -> None:
+    result = checks.check_fp16_fate(wrong)
+    assert result.status == FAIL and hint in result.message
+
+
+def fate_by_frexp(x: float) -> str:
+    size = abs(x)
+    if size >= 65520.0:
+        return "inf"
+    if size <= 2.0**-25:
+        return "zero"
+    return "normal" if size >= 2.0**-14 - 2.0**-25 else "subnormal"
+
+
+def test_fp16_fate_other_correct_style_passes() -> None:
+    assert checks.check_fp16_fate(fate_by_frexp).passed
+
+
+def step_deprecated_autocast(model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cpu.amp.autocast(dtype=dtype):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.item()
+
+
+def test_amp_step_with_the_deprecated_cpu_autocast_fails() -> None:
+    result = checks.check_amp_train_step(step_deprecated_autocast)
+    assert result.status == FAIL and "deprecated API" in result.message
+    assert "torch.cpu.amp.autocast" in result.message
+
+
+def step_amp_autocast_style(model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm):
+    for p in model.parameters():
+        p.grad = None
+    with torch.amp.autocast(device_type, dtype=dtype):
+        out = model(x)
+        loss = loss_fn(out, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm=max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(loss.detach())
+
+
+def test_amp_step_other_correct_style_passes() -> None:
+    assert checks.check_amp_train_step(step_amp_autocast_style).passed
+
+
+def save_all(path, model, optimizer, scaler):
+    torch.save(
+        {"m": model.state_dict(), "o": optimizer.state_dict(), "s": scaler.state_dict()}, path
+    )
+
+
+def load_into_new_scaler(path, model, optimizer, scaler):
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["m"])
+    optimizer.load_state_dict(state["o"])
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict(state["s"])
+
+
+def load_with_map_location(path, model, optimizer, scaler):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["m"])
+    optimizer.load_state_dict(state["o"])
+    scaler.load_state_dict(state["s"])
+
+
+def test_loading_into_a_new_scaler_names_the_mistake() -> None:
+    result = checks.check_scaler_checkpoint(save_all, load_into_new_scaler)
+    assert result.status == FAIL and "on a new GradScaler" in result.message
+
+
+def test_checkpoint_other_correct_style_passes() -> None:
+    assert checks.check_scaler_checkpoint(save_all, load_with_map_location).passed
+
+
+# --- pick_amp_dtype: names decide nothing, the description stays as given (issue 16) ----------
+
+_BY_NAME = {"T4": ("fp16", True), "V100": ("fp16", True), "1080": ("fp32", False)}
+
+
+def amp_dtype_by_name(desc):
+    if desc["kind"] == "cuda":
+        for key, answer in _BY_NAME.items():
+            if key in desc.get("name", ""):
+                return answer
+        return "bf16", False
+    flags = desc.get("cpu_flags", [])
+    if desc["kind"] == "cpu":
+        return ("bf16", False) if {"avx512_bf16", "amx_bf16"} & set(flags) else ("fp32", False)
+    return "fp16", True
+
+
+def amp_dtype_as_text(desc):
+    if desc["kind"] == "cuda":
+        cc = "{}.{}".format(*desc["compute_capability"])
+        return (
+            ("bf16", False) if cc >= "8.0" else ("fp16", True) if cc >= "7.0" else ("fp32", False)
+        )
+    return SOLUTIONS["pick_amp_dtype"](desc)
+
+
+def amp_dtype_popping(desc):
+    desc.setdefault("cpu_flags", []).sort()  # tidies the caller's description in place
+    return SOLUTIONS["pick_amp_dtype"](desc)
+
+
+def amp_dtype_none_for_no(desc):
+    name, scaler = SOLUTIONS["pick_amp_dtype"](desc)
+    return name, (True if scaler else None)
+
+
+def amp_dtype_other_style(desc):
+    kind = desc.get("kind")
+    if kind == "cuda":
+        major, minor = desc["compute_capability"]
+        if major >= 8:
+            return "bf16", False
+        return ("fp16", True) if major == 7 else ("fp32", False)
+    if kind == "mps":
+        return "fp16", True
+    bf16 = any(f in ("avx512_bf16", "amx_bf16") for f in desc.get("cpu_flags", ()))
+    return ("bf16" if bf16 else "fp32"), False
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (amp_dtype_by_name, "not by the name"),
+        (amp_dtype_as_text, "not as text"),
+        (amp_dtype_none_for_no, "True or False"),
+    ],
+)
+def test_pick_amp_dtype_new_wrong_answers(wrong, hint: str) -> None:  # noqa: ANN001
+    result = checks.check_pick_amp_dtype(wrong)
+    assert result.status == FAIL and hint in result.message and "[probe:" in result.message
+
+
+def test_pick_amp_dtype_reordering_the_description_fails_and_other_styles_pass() -> None:
+    result = checks.check_pick_amp_dtype(amp_dtype_popping)
+    assert result.status == FAIL and "changed the description" in result.message, result.message
+    assert checks.check_pick_amp_dtype(amp_dtype_other_style).passed

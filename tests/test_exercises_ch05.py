@@ -179,7 +179,25 @@ def test_swallowing_every_error_fails() -> None:
             return False
         return True
 
-    assert fails(checks.check_safe_step(swallow), "ValueError")
+    # the first probe that catches it: a shape bug (a RuntimeError, not out-of-memory) swallowed
+    assert fails(checks.check_safe_step(swallow), "swallowed")
+
+
+def test_swallowing_everything_but_runtime_errors_still_fails() -> None:
+    def swallow_other(step, batch):
+        from helpers.sweeps import is_out_of_memory
+
+        try:
+            step(batch)
+        except RuntimeError as exc:
+            if is_out_of_memory(exc):
+                return False
+            raise
+        except Exception:  # a ValueError is a bug too, and it is swallowed here
+            return False
+        return True
+
+    assert fails(checks.check_safe_step(swallow_other), "ValueError")
 
 
 def test_letting_out_of_memory_escape_is_reported_not_raised() -> None:
@@ -190,3 +208,142 @@ def test_letting_out_of_memory_escape_is_reported_not_raised() -> None:
     result = checks.check_safe_step(naive)
     assert result.status == FAIL and "RuntimeError" in result.message
     assert torch.ones(1).item() == 1
+
+
+# --- new wrong answers of each kind (issue 16) and other correct styles --------------------
+
+
+def test_accumulation_with_one_backward_on_the_summed_loss_fails() -> None:
+    def all_forwards_first(model, loss_fn, x, y, micro):
+        model.zero_grad(set_to_none=True)
+        total = sum(
+            loss_fn(model(xb), yb) * len(xb) / len(x)
+            for xb, yb in zip(x.split(micro), y.split(micro))
+        )
+        total.backward()
+
+    assert fails(
+        checks.check_accumulate_gradients(all_forwards_first), "forwards before a backward"
+    )
+
+
+def test_accumulation_that_steps_fails() -> None:
+    def steps(model, loss_fn, x, y, micro):
+        model.zero_grad(set_to_none=True)
+        for xb, yb in zip(x.split(micro), y.split(micro)):
+            (loss_fn(model(xb), yb) * len(xb) / len(x)).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.0 * p.grad + 1e-3
+
+    assert fails(checks.check_accumulate_gradients(steps), "no optimizer step")
+
+
+def test_accumulation_other_correct_style_passes() -> None:
+    def by_index(model, loss_fn, x, y, micro):
+        for p in model.parameters():
+            p.grad = None
+        n = x.shape[0]
+        for start in range(0, n, micro):
+            xb, yb = x[start : start + micro], y[start : start + micro]
+            loss = loss_fn(model(xb), yb)
+            (loss * xb.shape[0] / n).backward()
+
+    assert checks.check_accumulate_gradients(by_index).passed
+
+
+def test_search_that_assumes_a_power_of_two_limit_fails() -> None:
+    def doubling_past_limit(fits, limit):
+        if not fits(1):
+            return 0
+        good = 1
+        while good < limit and fits(2 * good):
+            good *= 2
+        bad = 2 * good
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if fits(mid):
+                good = mid
+            else:
+                bad = mid
+        return min(good, limit)
+
+    assert fails(checks.check_largest_batch(doubling_past_limit), "outside 1..")
+
+
+def test_checkpointing_that_rewires_the_model_fails() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    def rewires(model, x):
+        class Seg(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, h):
+                return checkpoint(self.inner, h, use_reentrant=False)
+
+        if not isinstance(model[0], Seg):
+            blocks = list(model)
+            for i in range(0, len(blocks) - 1, 2):
+                model[i] = Seg(torch.nn.Sequential(*blocks[i : i + 2]))
+                model[i + 1] = torch.nn.Identity()
+        return model(x)
+
+    assert fails(checks.check_forward_low_memory(rewires), "changed the caller's model")
+
+
+# --- training_bill: bias-free and one-Linear MLPs, the caller's model untouched (issue 16) -----
+
+
+def bill_two_tensors_per_linear(model, batch_size):
+    got = SOLUTIONS["training_bill"](model, batch_size)
+    linears = sum(isinstance(m, nn.Linear) for m in model)
+    params = got["parameters"]
+    return {**got, "optimizer_state": 2 * params + 4 * 2 * linears}  # assumes every bias exists
+
+
+def bill_by_training(model, batch_size):
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(batch_size, model[0].in_features)
+    model(x).sum().backward()
+    opt.step()
+    return SOLUTIONS["training_bill"](model, batch_size)
+
+
+def test_training_bill_new_wrong_answers() -> None:
+    result = checks.check_training_bill(bill_two_tensors_per_linear)
+    assert result.status == FAIL and "TENSOR" in result.message and "24-40-8" in result.message
+    result = checks.check_training_bill(bill_by_training)
+    assert result.status == FAIL and "train nothing" in result.message, result.message
+
+
+# --- safe_step: only out-of-memory is caught, the step runs once (issue 16) --------------------
+
+
+def safe_step_any_runtime_error(step, batch):
+    try:
+        step(batch)
+    except RuntimeError as exc:
+        exc.__traceback__ = None
+        return False
+    return True
+
+
+def safe_step_twice(step, batch):
+    try:
+        step(batch)  # a dry run "to see whether it fits"
+        step(batch)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        exc.__traceback__ = None
+        return False
+    return True
+
+
+def test_safe_step_new_wrong_answers() -> None:
+    result = checks.check_safe_step(safe_step_any_runtime_error)
+    assert result.status == FAIL and "shape mismatch" in result.message, result.message
+    result = checks.check_safe_step(safe_step_twice)
+    assert result.status == FAIL and "call it once" in result.message, result.message

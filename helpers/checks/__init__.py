@@ -5,24 +5,59 @@ Every exercise notebook calls one checker per exercise, e.g.
 which prints one line:
 
 - ✅ when every probe passes;
-- ❌ with a hint when a probe fails or the learner's code raises;
+- ❌ with a hint when a probe fails or the learner's code raises: the hint names the probe
+  (``[probe: ...]``), what was expected, what came back and the likely mistake; an error
+  raised inside torch is reported at the learner's line, not at a line of torch's code;
 - ⏳ "not done yet" when the learner's function still raises ``NotImplementedError``
-  (the untouched stub), so an untouched exercise notebook runs top to bottom.
+  (the untouched stub), so an untouched exercise notebook runs top to bottom. Only a
+  ``NotImplementedError`` raised by the learner's own code counts: one raised inside torch
+  (e.g. "Cannot copy out of meta tensor") is an error like any other.
+
+While probes run, ``FutureWarning`` is an error: a deprecated API fails the check.
 
 Chapter checkers live in ``helpers.checks.ch01`` ... ``helpers.checks.ch06``.
 """
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 PASS, FAIL, TODO = "pass", "fail", "todo"
+
+#: Folders whose frames are never "the learner's line": this package, the standard library
+#: and every installed package (torch, numpy, ...).
+_LIBRARY_DIRS = tuple(
+    os.path.normcase(os.path.realpath(p)) + os.sep
+    for p in {
+        os.path.dirname(os.path.abspath(__file__)),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    }
+    if p
+)
+
+
+#: Words in the NotImplementedErrors that torch raises (meta tensors, missing kernels).
+_TORCH_NOT_IMPLEMENTED = ("meta", "no data", "Could not run", "not implemented for")
 
 
 class CheckFailed(AssertionError):
     """A probe found a wrong answer; the message is the hint shown to the learner (chapter 1)."""
+
+
+class NotDoneYet(NotImplementedError):
+    """Raised by a checker that recognised an untouched stub without running it (chapter 1)."""
 
 
 @dataclass
@@ -51,35 +86,122 @@ def expect(condition: object, hint: str) -> None:
         raise CheckFailed(hint)
 
 
-def _where(exc: BaseException) -> str:
-    """The learner-side line an exception came from, if any (chapter 1)."""
+def _is_library(filename: str) -> bool:
+    """True for a frame in helpers/, the standard library or an installed package (chapter 1)."""
+    path = os.path.normcase(os.path.realpath(filename)) if os.path.isabs(filename) else filename
+    return path.startswith(_LIBRARY_DIRS) or "/helpers/" in filename.replace("\\", "/")
+
+
+def _learner_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The deepest traceback frame in the learner's code (not helpers, not torch) (chapter 1)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    learner = [f for f in frames if "/helpers/" not in f.filename.replace("\\", "/")]
-    if not learner:
+    learner = [f for f in frames if not _is_library(f.filename)]
+    return learner[-1] if learner else None
+
+
+def _where(exc: BaseException) -> str:
+    """' (at line N: source)' for the learner's line an exception came from, if any (chapter 1)."""
+    f = _learner_frame(exc)
+    if f is None or not f.line:
         return ""
-    f = learner[-1]
-    return f" (at line {f.lineno}: {f.line})" if f.line else ""
+    return f" (at line {f.lineno}: {f.line})"
+
+
+def is_stub_error(exc: BaseException) -> bool:
+    """True for the untouched stub's NotImplementedError, raised by the learner's own code (chapter 1)."""
+    if isinstance(exc, NotDoneYet):
+        return True
+    if not isinstance(exc, NotImplementedError):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or _is_library(frames[-1].filename):
+        return False
+    line = (frames[-1].line or "").strip()
+    if line:  # an error raised by torch's C++ code shows the calling line, not a `raise`
+        return line.startswith("raise")
+    return not any(m in str(exc) for m in _TORCH_NOT_IMPLEMENTED)
+
+
+def describe_error(exc: BaseException) -> str:
+    """'RuntimeError: first line of the message (at line N: source)' (chapter 1)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if isinstance(exc, FutureWarning):
+        return (
+            f"a deprecated API: FutureWarning: {first}{_where(exc)}. Use the modern API the "
+            "chapter shows"
+        )
+    return f"{type(exc).__name__}: {first}{_where(exc)}"
+
+
+@contextmanager
+def probe(name: str) -> Iterator[None]:
+    """Name the probe in the block: a failed expect or an error raised in it says which (chapter 1)."""
+    try:
+        yield
+    except CheckFailed as exc:
+        text = str(exc)
+        raise CheckFailed(
+            text if text.startswith("[probe") else f"[probe: {name}] {text}"
+        ) from None
+    except Exception as exc:  # the learner's code raised: say where and in which probe
+        if is_stub_error(exc):
+            raise
+        raise CheckFailed(f"[probe: {name}] your code raised {describe_error(exc)}.") from None
 
 
 def run_check(title: str, probes: Callable[[], None]) -> CheckResult:
     """Run `probes`; print ✅, ❌ + hint, or ⏳ not done yet; never raise (chapter 1)."""
     try:
-        probes()
-    except NotImplementedError:
-        result = CheckResult(
-            title, TODO, "not done yet: replace `raise NotImplementedError` with your code"
-        )
-        print(f"⏳ {title}: {result.message}.")
-        return result
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            probes()
     except CheckFailed as exc:
         result = CheckResult(title, FAIL, str(exc))
         print(f"❌ {title}: {exc}")
         return result
     except Exception as exc:
-        msg = f"your code raised {type(exc).__name__}: {exc}{_where(exc)}"
+        if is_stub_error(exc):
+            result = CheckResult(
+                title, TODO, "not done yet: replace `raise NotImplementedError` with your code"
+            )
+            print(f"⏳ {title}: {result.message}.")
+            return result
+        msg = f"your code raised {describe_error(exc)}"
         result = CheckResult(title, FAIL, msg)
         print(f"❌ {title}: {msg}")
         return result
     result = CheckResult(title, PASS, "correct")
     print(f"✅ {title}: correct.")
     return result
+
+
+@contextmanager
+def work_order(module: nn.Module, first_weight: torch.Tensor) -> Iterator[list[str]]:
+    """Record 'forward' per call of `module`, 'backward' per gradient of `first_weight` (chapter 5)."""
+    events: list[str] = []
+    hooks = [
+        module.register_forward_pre_hook(lambda m, a: events.append("forward")),
+        first_weight.register_hook(lambda g: events.append("backward")),
+    ]
+    try:
+        yield events
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def forwards_at_once(events: list[str]) -> int:
+    """The most forwards that ran back to back with no backward between them (chapter 5)."""
+    runs = "".join("f" if e == "forward" else "b" for e in events).split("b")
+    return max((len(run) for run in runs), default=0)
+
+
+def one_backward_per_forward_hint(together: int) -> str:
+    """The hint for accumulation that ran several forwards before one backward (chapter 5)."""
+    return (
+        f"you ran {together} forwards before a backward (expected forward, backward, forward, "
+        "backward, ...): every micro-batch's activations were alive at once, which is what "
+        "accumulation avoids. Call backward() on each micro-batch's loss before the next "
+        "forward, not once on the summed loss."
+    )

@@ -1,8 +1,11 @@
 """Checkers for the chapter 1 exercises (devices) (chapter 1).
 
-Each ``check_*`` takes the learner's function, runs probes on the device in use and on the
-``meta`` device (shapes without data, so a second "device" exists on every machine), and
-prints ✅, ❌ with a hint, or ⏳ for an untouched stub. None of them raises.
+Each ``check_*`` takes the learner's function and prints ✅, ❌ with a hint, or ⏳ for an
+untouched stub; none of them raises. The hints are the same on every machine: the device
+picker is probed in simulated worlds (CPU only, CUDA, MPS) rather than on the machine's
+real best device, and the other checks probe the ``meta`` device (shapes without data, so a
+second "device" exists everywhere) before the real accelerator, whose device-mismatch errors
+are translated into the same hint.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from unittest import mock
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from helpers.checks import CheckResult, expect, run_check
+from helpers.checks import CheckFailed, CheckResult, expect, is_stub_error, probe, run_check
 from helpers.devices import DEVICE_ENV, pick_device
 from helpers.timing import BenchResult
 
@@ -35,89 +39,230 @@ def _course_device(value: str | None) -> Iterator[None]:
             os.environ[DEVICE_ENV] = old
 
 
-def _best_device() -> torch.device:
-    """What pick_device() chooses with no override (chapter 1)."""
-    with _course_device(None):
-        return pick_device()
+@contextmanager
+def _world(kind: str | None) -> Iterator[None]:
+    """Make torch report a machine whose accelerator is `kind` ('cuda', 'mps') or none (chapter 1)."""
+    with ExitStack() as stack:
+
+        def patch(obj: object, name: str, value: object) -> None:
+            if obj is not None and hasattr(obj, name):
+                stack.enter_context(mock.patch.object(obj, name, value))
+
+        patch(torch.cuda, "is_available", lambda: kind == "cuda")
+        patch(torch.cuda, "device_count", lambda: 2 if kind == "cuda" else 0)
+        patch(torch.backends.mps, "is_available", lambda: kind == "mps")
+        patch(getattr(torch, "xpu", None), "is_available", lambda: False)
+        acc = getattr(torch, "accelerator", None)
+        patch(acc, "is_available", lambda: kind is not None)
+        patch(acc, "device_count", lambda: {"cuda": 2, "mps": 1}.get(kind or "", 0))
+        patch(
+            acc,
+            "current_accelerator",
+            lambda *a, **k: torch.device(kind) if kind is not None else None,
+        )
+        yield
+
+
+def _call_picker(fn: Callable[..., object], env: str | None, *args: object) -> object:
+    """fn(*args) with $COURSE_DEVICE set to `env`; fail if fn changed the variable (chapter 1)."""
+    with _course_device(env):
+        got = fn(*args)
+        now = os.environ.get(DEVICE_ENV)
+    expect(
+        now == env,
+        f"your function changed {DEVICE_ENV} from {env!r} to {now!r}: read it, never write it.",
+    )
+    return got
+
+
+def _honours(fn: Callable[..., object], how: str) -> bool:
+    """Whether fn returns 'cpu' (CUDA world) and 'cuda:1' (CPU world) when given them by `how` (chapter 1)."""
+    ok = True
+    for kind, spec in (("cuda", "cpu"), (None, "cuda:1")):
+        with _world(kind):
+            got = _call_picker(fn, None, spec) if how == "prefer" else _call_picker(fn, spec)
+        ok = ok and _same(got, spec)
+    return ok
+
+
+def _same(got: object, want: str) -> bool:
+    """got is a torch.device of `want`'s type, and index when `want` names one (chapter 1)."""
+    if not isinstance(got, torch.device):
+        return False
+    w = torch.device(want)
+    return got.type == w.type and (w.index is None or got.index == w.index)
+
+
+def _probe_forced_and_worlds(fn: Callable[..., object]) -> None:
+    """Exercise 1's probes of forced devices, and of CPU-only, CUDA and MPS machines (chapter 1)."""
+    with probe(f"{DEVICE_ENV}=cuda:1 on a CPU-only machine"), _world(None):
+        got = _call_picker(fn, "cuda:1")
+        expect(
+            _same(got, "cuda:1"),
+            f"expected device(type='cuda', index=1), got {got!r}: a forced device is used "
+            "as it is written, index included.",
+        )
+    with probe(f"{DEVICE_ENV}=cpu on a CUDA machine"), _world("cuda"):
+        got = _call_picker(fn, "cpu")
+        expect(
+            _same(got, "cpu"),
+            f"expected device(type='cpu'), got {got!r}: {DEVICE_ENV} comes before the accelerator.",
+        )
+    with probe(f"prefer='meta' with {DEVICE_ENV}=cpu"), _world("cuda"):
+        got = _call_picker(fn, "cpu", "meta")
+        expect(
+            _same(got, "meta"),
+            f"expected device(type='meta'), got {got!r}: an explicit prefer='meta' must win "
+            f"over {DEVICE_ENV}.",
+        )
+    for env in ("",):
+        with probe(f"{DEVICE_ENV}={env!r} (empty means 'not set') on a CUDA machine"):
+            with _world("cuda"):
+                got = _call_picker(fn, env)
+            expect(
+                _same(got, "cuda"),
+                f"expected device(type='cuda'), got {got!r}: treat an empty {DEVICE_ENV} "
+                "as not set.",
+            )
+    for kind, want in (("cuda", "cuda"), ("mps", "mps"), (None, "cpu")):
+        machine = {"cuda": "a CUDA machine", "mps": "an MPS machine"}.get(
+            kind or "", "a CPU-only machine"
+        )
+        with probe(f"nothing forced, on {machine}"), _world(kind):
+            got = _call_picker(fn, None)
+            expect(
+                _same(got, want),
+                f"expected device(type='{want}'), got {got!r}. Ask torch.accelerator (or "
+                "torch.cuda.is_available(), then torch.backends.mps.is_available()) every "
+                "time; fall back to the CPU only when there is no accelerator.",
+            )
 
 
 def check_pick_device(fn: Callable[..., torch.device]) -> CheckResult:
-    """Exercise 1: prefer argument, then $COURSE_DEVICE, then the best accelerator, then CPU (chapter 1)."""
+    """Exercise 1: prefer argument, then $COURSE_DEVICE, then the accelerator, then CPU (chapter 1)."""
 
     def probes() -> None:
-        best = _best_device()
-        with _course_device(None):
-            got = fn()
-        expect(
-            isinstance(got, torch.device),
-            f"return a torch.device, not {type(got).__name__} {got!r}: wrap it in torch.device(...).",
-        )
-        expect(
-            got.type == best.type,
-            f"with nothing forced you returned {got}, but this machine's best device is {best}. "
-            "Try CUDA, then MPS, then fall back to the CPU.",
-        )
-        with _course_device("meta"):
-            got = fn()
-        expect(
-            isinstance(got, torch.device) and got.type == "meta",
-            f"with {DEVICE_ENV}=meta you returned {got!r}: read os.environ.get('{DEVICE_ENV}') "
-            "first and use it when it is set.",
-        )
-        with _course_device("cpu"):
-            got = fn()
-        expect(got == torch.device("cpu"), f"with {DEVICE_ENV}=cpu you returned {got!r}.")
-        with _course_device(""):
-            got = fn()
-        expect(
-            isinstance(got, torch.device) and got.type == best.type,
-            f"an empty {DEVICE_ENV} means 'not set', so expect {best}; you returned {got!r}.",
-        )
-        with _course_device("cpu"):
-            got = fn("meta")
-        expect(
-            isinstance(got, torch.device) and got.type == "meta",
-            f"an explicit prefer='meta' must win over {DEVICE_ENV}=cpu; you returned {got!r}.",
-        )
+        with probe("prefer='meta' on a CUDA machine"), _world("cuda"):
+            got = _call_picker(fn, None, "meta")
+            expect(
+                isinstance(got, torch.device),
+                f"return a torch.device, not {type(got).__name__} {got!r}: wrap it in "
+                "torch.device(...).",
+            )
+            if not _same(got, "meta"):
+                expect(
+                    not _honours(fn, "prefer"),
+                    f"expected device(type='meta'), got {got!r}. You do use `prefer` (cpu and "
+                    "cuda:1 came through), but not every value: accept any device string, do "
+                    "not keep a list of allowed ones (pick_device checks that it exists).",
+                )
+                expect(False, f"expected device(type='meta'), got {got!r}: use `prefer`.")
+        with probe(f"{DEVICE_ENV}=meta on a CUDA machine"), _world("cuda"):
+            got = _call_picker(fn, "meta")
+            if not _same(got, "meta"):
+                with _world(None):
+                    on_cpu_machine = _same(_call_picker(fn, "cuda:1"), "cuda:1")
+                with _world("cuda"):
+                    on_cuda_machine = _same(_call_picker(fn, "cpu"), "cpu")
+                expect(
+                    not (on_cpu_machine and on_cuda_machine),
+                    f"expected device(type='meta'), got {got!r}. You do read {DEVICE_ENV} "
+                    "(cpu and cuda:1 came through), but not every value: accept any device "
+                    "string, do not keep a list of allowed ones (pick_device checks that the "
+                    "device exists).",
+                )
+                expect(
+                    not on_cpu_machine,
+                    f"expected device(type='meta'), got {got!r}: you read {DEVICE_ENV} only "
+                    f"when there is no accelerator, but {DEVICE_ENV} comes before the "
+                    "accelerator.",
+                )
+                expect(
+                    False,
+                    f"expected device(type='meta'), got {got!r}: read "
+                    f"os.environ.get('{DEVICE_ENV}') first and use it when it is set.",
+                )
+        _probe_forced_and_worlds(fn)
 
     return run_check("Exercise 1, a device picker with an override", probes)
 
 
-def check_fresh_copy(fn: Callable[[torch.Tensor, str | torch.device], torch.Tensor]) -> CheckResult:
-    """Exercise 2: always a new tensor with its own memory on the target device (chapter 1)."""
+def _other_devices() -> list[str]:
+    """'meta' first, then this machine's accelerator if it has one (chapter 1)."""
+    device = pick_device()
+    return ["meta"] + ([str(device)] if device.type not in ("cpu", "meta") else [])
 
-    def probes() -> None:
-        device = pick_device()
-        for target in ("cpu", device):
-            t = torch.arange(6.0).reshape(2, 3).to(target)
+
+def check_fresh_copy(fn: Callable[[torch.Tensor, str | torch.device], torch.Tensor]) -> CheckResult:
+    """Exercise 2: always a new tensor with its own memory on the target device, input untouched (chapter 1)."""
+
+    def one(t: torch.Tensor, target: str, what: str) -> None:
+        values = t.detach().clone() if t.device.type != "meta" else None
+        grad, device, dtype, shape = t.requires_grad, t.device, t.dtype, t.shape
+        with probe(f"fresh_copy({what} on {t.device}, {target!r})"):
             got = fn(t, target)
             expect(isinstance(got, torch.Tensor), f"return a tensor, not {type(got).__name__}.")
             expect(
                 got is not t,
-                f"fresh_copy(t, {str(target)!r}) returned t itself: .to() gives back the same "
-                "tensor when it is already there. Ask .to() for a copy.",
+                "expected a new tensor, but it returned t itself: .to() gives back the same tensor when "
+                "it is already there. Ask .to() for a copy.",
             )
             expect(
                 got.device.type == torch.device(target).type,
-                f"the copy is on {got.device}, not on {target}.",
+                f"expected a tensor on {target}, got one on {got.device}: use the `device` "
+                "argument (t.clone() copies but never moves).",
             )
             expect(
-                got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(),
-                "the result shares memory with the input (a view, e.g. from .view or .detach), "
-                "so writing to one changes the other. Make a real copy.",
+                got.dtype == dtype,
+                f"expected dtype {dtype}, got {got.dtype}: keep the dtype (and the values).",
             )
             expect(
-                got.dtype == t.dtype and torch.equal(got.cpu(), t.cpu()),
-                "the copy must keep the dtype and the values.",
+                tuple(got.shape) == tuple(shape),
+                f"expected shape {tuple(shape)}, got {tuple(got.shape)}.",
             )
-        got = fn(torch.ones(2, 3), "meta")
-        expect(
-            isinstance(got, torch.Tensor) and got.device.type == "meta" and got.shape == (2, 3),
-            "fresh_copy(t, 'meta') must give a tensor on the meta device: use the `device` "
-            "argument (t.clone() copies but never moves).",
-        )
+            expect(
+                t.requires_grad == grad and t.device == device and t.dtype == dtype,
+                "your function changed its input t (requires_grad, device or dtype): the "
+                "caller's tensor must stay as it was.",
+            )
+            if got.device.type != "meta" and t.device.type != "meta":
+                expect(
+                    got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(),
+                    "the result shares memory with the input (a view, e.g. from .view or "
+                    ".detach), so writing to one changes the other. Make a real copy.",
+                )
+                expect(
+                    torch.equal(got.detach().cpu(), values.cpu()),
+                    "expected the same values as t, got different ones.",
+                )
+                expect(
+                    torch.equal(t.detach().cpu(), values.cpu()), "your function changed t's values."
+                )
+
+    def probes() -> None:
+        cases = [
+            ("an fp32 tensor", torch.arange(6.0).reshape(2, 3)),
+            ("an fp16 tensor", torch.tensor([0.1, 1e-6, 65504.0], dtype=torch.float16)),
+            ("an int64 tensor", torch.arange(2**40, 2**40 + 4)),
+            ("a bool tensor", torch.tensor([True, False, True])),
+            ("a transposed (non-contiguous) tensor", torch.arange(6.0).reshape(2, 3).t()),
+            ("a tensor that requires grad", torch.linspace(-1, 1, 4, requires_grad=True)),
+        ]
+        for what, t in cases:
+            one(t, "cpu", what)
+        for target in _other_devices():
+            for what, t in cases[:3] + cases[5:]:
+                one(t, target, what)
+                one(fresh_from(t, target), target, what)
 
     return run_check("Exercise 2, a copy that is always fresh", probes)
+
+
+def fresh_from(t: torch.Tensor, target: str) -> torch.Tensor:
+    """A tensor like t that already lives on `target` (a leaf, requires_grad kept) (chapter 1)."""
+    with torch.no_grad():
+        moved = t.detach().to(target)
+    return moved.requires_grad_(t.requires_grad)
 
 
 def _tiny_classifier(
@@ -133,75 +278,147 @@ def _tiny_classifier(
     return model.to(device), inputs, labels
 
 
-_NO_DATA = ("meta tensor", "no data", "meta device type tensor")
+_NO_DATA = ("meta tensor", "no data", "meta device type tensor", "meta tensors")
+_MISMATCH = ("same device", "expected device", "Expected all tensors", "is on", "device")
+
+
+def _mismatch_hint(device: str, msg: str) -> str:
+    """The hint for a device-mismatch error raised inside torch (chapter 1)."""
+    return (
+        f"with the model on {device} this failed with a device mismatch "
+        f"({msg.strip().splitlines()[0][:160]}): move inputs AND labels to the model's device, "
+        "next(model.parameters()).device, not to a fixed device."
+    )
+
+
+def _evaluate_on(fn: Callable[..., tuple[float, np.ndarray]], device: str) -> None:
+    """Run evaluate with the model on `device` (not meta); check values and side effects (chapter 1)."""
+    model, inputs, labels = _tiny_classifier(device)
+    weights = [p.detach().clone() for p in model.parameters()]
+    inputs_before, labels_before = inputs.clone(), labels.clone()
+    try:
+        out = fn(model, inputs, labels)
+    except RuntimeError as exc:
+        if "device" in str(exc) and not is_stub_error(exc):
+            raise CheckFailed(_mismatch_hint(device, str(exc))) from None
+        raise
+    expect(
+        isinstance(out, tuple) and len(out) == 2,
+        f"expected a pair (loss as a Python float, probabilities as a NumPy array), got {out!r:.80}.",
+    )
+    loss, probs = out
+    expect(
+        isinstance(loss, float),
+        f"expected the loss as a Python float, got {type(loss).__name__}: use .item().",
+    )
+    expect(
+        isinstance(probs, np.ndarray),
+        f"expected the probabilities as a NumPy array, got {type(probs).__name__}.",
+    )
+    expect(
+        all(p.device.type == torch.device(device).type for p in model.parameters()),
+        f"your function moved the caller's model off {device}: move the data to the model, "
+        "never the model.",
+    )
+    expect(
+        all(p.requires_grad for p in model.parameters())
+        and all(
+            torch.equal(p.detach().cpu(), w.cpu()) for p, w in zip(model.parameters(), weights)
+        ),
+        "your function changed the caller's model (its weights or requires_grad): evaluate "
+        "only reads it.",
+    )
+    expect(
+        inputs.device.type == "cpu"
+        and torch.equal(inputs, inputs_before)
+        and torch.equal(labels, labels_before),
+        "your function changed the caller's inputs or labels: .to(device) returns a copy, "
+        "assign it to a new name.",
+    )
+    ref_model, _, _ = _tiny_classifier("cpu")
+    with torch.no_grad():
+        logits = ref_model(inputs)
+        ref_loss = F.cross_entropy(logits, labels).item()
+        ref_probs = logits.softmax(dim=1).numpy()
+    expect(
+        math.isclose(loss, ref_loss, rel_tol=1e-4),
+        f"the loss is {loss:.4f}, expected the mean cross-entropy {ref_loss:.4f}.",
+    )
+    expect(
+        probs.shape == ref_probs.shape and np.allclose(probs, ref_probs, atol=1e-5),
+        f"the probabilities (shape {probs.shape}) differ from softmax(model(inputs), dim=1) "
+        f"(shape {ref_probs.shape}).",
+    )
+
+
+def _evaluate_on_meta(fn: Callable[..., tuple[float, np.ndarray]]) -> None:
+    """With the model on meta, a right answer runs the model there and fails only when reading numbers (chapter 1)."""
+    model, inputs, labels = _tiny_classifier("meta")
+    seen: list[str] = []
+    hook = model.register_forward_pre_hook(lambda m, args: seen.append(args[0].device.type))
+    try:
+        fn(model, inputs, labels)
+    except Exception as exc:
+        if is_stub_error(exc):
+            raise
+        msg = str(exc)
+        data_error = isinstance(exc, (NotImplementedError, RuntimeError, TypeError)) and any(
+            m in msg for m in _NO_DATA
+        )
+        if not data_error:
+            expect(
+                not (isinstance(exc, (RuntimeError, TypeError)) and "device" in msg),
+                _mismatch_hint("meta", msg),
+            )
+            raise
+        expect(
+            seen and all(d == "meta" for d in seen),
+            "expected the model to run on its own device (meta), but "
+            + (
+                f"its input was on {seen[0]}: move inputs AND labels to the model's device, "
+                "next(model.parameters()).device, not to a fixed device."
+                if seen
+                else f"it never ran: your code failed first ({type(exc).__name__}: "
+                f"{msg.splitlines()[0][:100]}). Do not move the model (it is the caller's); "
+                "move the data to it."
+            ),
+        )
+        expect(
+            all(p.device.type == "meta" for p in model.parameters()),
+            "your function moved the caller's model: move the data to the model, never the model.",
+        )
+        return
+    finally:
+        hook.remove()
+    expect(
+        False,
+        "with the model on the meta device (shapes, no data) this returned a result, so "
+        "the loss or probabilities never left the model's device.",
+    )
 
 
 def check_evaluate(fn: Callable[..., tuple[float, np.ndarray]]) -> CheckResult:
     """Exercise 3: the fixed evaluate() runs with the model on any device and returns plain values (chapter 1)."""
 
     def probes() -> None:
-        targets = ["cpu"] + ([str(pick_device())] if pick_device().type != "cpu" else [])
-        for target in targets:
-            model, inputs, labels = _tiny_classifier(target)
-            out = fn(model, inputs, labels)
-            expect(
-                isinstance(out, tuple) and len(out) == 2,
-                "return a pair: (loss as a Python float, probabilities as a NumPy array).",
-            )
-            loss, probs = out
-            expect(
-                isinstance(loss, float),
-                f"the loss must be a Python float, got {type(loss).__name__}: use .item().",
-            )
-            expect(
-                isinstance(probs, np.ndarray),
-                f"the probabilities must be a NumPy array, got {type(probs).__name__}.",
-            )
-            ref_model, _, _ = _tiny_classifier("cpu")
-            with torch.no_grad():
-                logits = ref_model(inputs)
-                ref_loss = F.cross_entropy(logits, labels).item()
-                ref_probs = logits.softmax(dim=1).numpy()
-            expect(
-                math.isclose(loss, ref_loss, rel_tol=1e-4),
-                f"the loss is {loss:.4f}, expected the mean cross-entropy {ref_loss:.4f}.",
-            )
-            expect(
-                probs.shape == ref_probs.shape and np.allclose(probs, ref_probs, atol=1e-5),
-                "the probabilities differ from softmax(model(inputs), dim=1).",
-            )
-        model, inputs, labels = _tiny_classifier("meta")
-        try:
-            fn(model, inputs, labels)
-        except NotImplementedError as exc:
-            if "Write your solution" in str(exc) or "delete this line" in str(exc):
-                raise
-            return  # "Cannot copy out of meta tensor": the data reached the model's device
-        except (RuntimeError, TypeError) as exc:
-            msg = str(exc)
-            expect(
-                any(m in msg for m in _NO_DATA),
-                "with the model on the meta device this failed with a device mismatch "
-                f"({msg.splitlines()[0]}): move inputs AND labels to the model's device, "
-                "next(model.parameters()).device, not to a fixed device.",
-            )
-            return
-        expect(
-            False,
-            "with the model on the meta device (shapes, no data) this returned a result, so "
-            "the loss or probabilities never left the model's device.",
-        )
+        with probe("model on cpu"):
+            _evaluate_on(fn, "cpu")
+        with probe("model on meta (shapes, no data)"):
+            _evaluate_on_meta(fn)
+        for device in _other_devices()[1:]:
+            with probe(f"model on {device}"):
+                _evaluate_on(fn, device)
 
     return run_check("Exercise 3, fix the device bugs in evaluate()", probes)
 
 
-def _bench(median: float, times: list[float]) -> BenchResult:
-    """A BenchResult with a chosen median and raw times, to check arithmetic on (chapter 1)."""
+def _bench(times: list[float]) -> BenchResult:
+    """A BenchResult whose median is that of `times` (chapter 1)."""
     return BenchResult(
         label="matmul",
-        median=median,
-        iqr=0.0,
-        times=times,
+        median=float(np.median(times)),
+        iqr=float(np.subtract(*np.percentile(times, [75, 25]))),
+        times=list(times),
         number_per_run=1,
         num_threads=torch.get_num_threads(),
         device="cpu",
@@ -209,96 +426,120 @@ def _bench(median: float, times: list[float]) -> BenchResult:
     )
 
 
+#: (m, k, n, raw times): rectangular shapes, and times where the first (cold), the fastest,
+#: the slowest, the mean and the median all differ.
+_GFLOPS_CASES = [
+    (3, 5, 7, [9e-6, 3e-6, 40e-6, 5e-6, 4.5e-6, 6e-6]),
+    (64, 3, 129, [2.5e-5, 1.1e-5, 1.3e-5, 1.2e-5, 1.7e-5, 9e-5]),
+    (1, 1000, 2, [7e-7, 3e-7, 3.3e-7, 2.9e-7, 3.1e-7]),
+]
+
+
 def check_achieved_gflops(fn: Callable[[int, int, int, BenchResult], float]) -> CheckResult:
-    """Exercise 4: GFLOP/s = 2*m*k*n / median seconds / 1e9 (chapter 1)."""
+    """Exercise 4: GFLOP/s = 2*m*k*n / median seconds / 1e9, on several shapes and timings (chapter 1)."""
 
     def probes() -> None:
-        m, k, n = 3, 5, 7
-        # the first run is cold (slow) and one is an outlier, so first, mean and median all differ
-        result = _bench(2e-6, [7e-6, 2e-6, 2e-6, 2e-6, 30e-6])
-        want = 2 * m * k * n / 2e-6 / 1e9
-        got = fn(m, k, n, result)
-        expect(
-            isinstance(got, (int, float)) and math.isfinite(got),
-            f"return a number, got {got!r}.",
-        )
-        ratio = got / want if want else float("nan")
-        hints = {
-            0.5: "half the right answer: each multiply-add is 2 FLOPs (2*m*k*n).",
-            1e9: "a billion times too big: GFLOP/s is FLOP/s divided by 1e9.",
-            1e18: "you multiplied by 1e9: divide FLOP/s by 1e9 to get GFLOP/s.",
-            1e-9: "a billion times too small: divide FLOP/s by 1e9 only once.",
-        }
-        for r, hint in hints.items():
-            expect(not math.isclose(ratio, r, rel_tol=1e-6), hint)
-        mean = sum(result.times) / len(result.times)
-        expect(
-            not math.isclose(got, 2 * m * k * n / mean / 1e9, rel_tol=1e-6),
-            "you used the mean time: one slow outlier drags it. Use result.median.",
-        )
-        expect(
-            not math.isclose(got, 2 * m * k * n / result.times[0] / 1e9, rel_tol=1e-6),
-            "you used the first time, which is a cold run. Use result.median.",
-        )
-        expect(
-            math.isclose(got, want, rel_tol=1e-6),
-            f"for a ({m} x {k}) @ ({k} x {n}) matmul taking a median {result.median} s, expected "
-            f"{want:.6g} GFLOP/s, got {got!r}. The matmul does m*n dot products of length k.",
-        )
-        big = fn(1024, 1024, 1024, _bench(0.01, [0.01] * 5))
-        expect(
-            math.isclose(big, 2 * 1024**3 / 0.01 / 1e9, rel_tol=1e-6), "check a square case too."
-        )
+        for m, k, n, times in _GFLOPS_CASES:
+            result = _bench(times)
+            with probe(f"m, k, n = {m}, {k}, {n}, times {times}"):
+                got = fn(m, k, n, result)
+                expect(
+                    isinstance(got, (int, float))
+                    and not isinstance(got, bool)
+                    and math.isfinite(got),
+                    f"return a number, got {got!r}.",
+                )
+                want = 2 * m * k * n / result.median / 1e9
+                flops = 2 * m * k * n
+                wrong = {
+                    "half the right answer: each multiply-add is 2 FLOPs (2*m*k*n).": want / 2,
+                    "a billion times too big: GFLOP/s is FLOP/s divided by 1e9.": want * 1e9,
+                    "you multiplied by 1e9: divide FLOP/s by 1e9 to get GFLOP/s.": want * 1e18,
+                    "a billion times too small: divide FLOP/s by 1e9 only once.": want * 1e-9,
+                    "you used the mean time: one slow outlier drags it. Use result.median.": (
+                        flops / (sum(times) / len(times)) / 1e9
+                    ),
+                    "you used the first time, which is a cold run. Use result.median.": (
+                        flops / times[0] / 1e9
+                    ),
+                    "you used the fastest time (min): it is the luckiest run, not a typical "
+                    "one. Use result.median.": flops / min(times) / 1e9,
+                    "you used the slowest time (max). Use result.median.": flops / max(times) / 1e9,
+                    "you used the last time. Use result.median.": flops / times[-1] / 1e9,
+                }
+                for hint, value in wrong.items():
+                    if not math.isclose(value, want, rel_tol=1e-6):
+                        expect(
+                            not math.isclose(got, value, rel_tol=1e-6),
+                            f"expected {want:.6g} GFLOP/s, got {got:.6g}: {hint}",
+                        )
+                expect(
+                    math.isclose(got, want, rel_tol=1e-6),
+                    f"for a ({m} x {k}) @ ({k} x {n}) matmul taking a median {result.median:.3g} s, "
+                    f"expected {want:.6g} GFLOP/s, got {got!r}. The matmul does m*n dot products "
+                    "of length k.",
+                )
 
     return run_check("Exercise 4, achieved GFLOP/s from a benchmark", probes)
 
 
 def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
-    """Exercise 5: to_numpy works for grad, bf16, integer and non-CPU tensors (chapter 1)."""
+    """Exercise 5: to_numpy works for grad, bf16, other dtypes and non-CPU tensors, input untouched (chapter 1)."""
 
     def probes() -> None:
-        device = pick_device()
         cases = [
             ("a tensor that requires grad", torch.linspace(-1, 1, 5, requires_grad=True)),
             ("a bf16 tensor", torch.tensor([0.5, -2.0, 3.25], dtype=torch.bfloat16)),
-            ("an fp16 tensor", torch.tensor([0.5, -2.0], dtype=torch.float16)),
-            ("an int64 tensor", torch.arange(4)),
+            ("an fp16 tensor", torch.tensor([0.5, -2.0, 1e-6], dtype=torch.float16)),
+            ("an fp64 tensor", torch.tensor([1 / 3, 2.0**60 + 1], dtype=torch.float64)),
+            ("an int64 tensor", torch.arange(2**53, 2**53 + 4)),
+            ("an int32 tensor", torch.arange(4, dtype=torch.int32)),
+            ("a uint8 tensor", torch.tensor([0, 255], dtype=torch.uint8)),
             ("a bool tensor", torch.tensor([True, False])),
             ("a 0-d tensor", torch.tensor(7.5)),
+            (
+                "a bf16 tensor that requires grad",
+                torch.ones(2, dtype=torch.bfloat16, requires_grad=True),
+            ),
+            ("a transposed (non-contiguous) tensor", torch.arange(6).reshape(2, 3).t()),
         ]
-        if device.type != "cpu":
+        device = pick_device()
+        if device.type not in ("cpu", "meta"):
             cases.append((f"a tensor on {device}", torch.arange(3.0, device=device)))
             cases.append(
                 (f"a grad tensor on {device}", torch.ones(2, device=device, requires_grad=True))
             )
         for what, t in cases:
-            try:
+            before = (t.requires_grad, t.device, t.dtype, t.detach().clone())
+            with probe(what):
                 got = fn(t)
-            except NotImplementedError:
-                raise  # the untouched stub: "not done yet"
-            except (RuntimeError, TypeError) as exc:
-                expect(False, f"it failed on {what}: {str(exc).splitlines()[0]}")
-            expect(
-                isinstance(got, np.ndarray),
-                f"for {what} return a NumPy array, got {type(got).__name__}.",
-            )
-            expect(got.shape == tuple(t.shape), f"for {what} the shape changed to {got.shape}.")
-            want = t.detach().cpu()
-            if t.dtype == torch.bfloat16:
-                want = want.float()
                 expect(
-                    got.dtype == np.float32,
-                    f"NumPy has no bfloat16; return float32 for {what}, got {got.dtype}.",
+                    isinstance(got, np.ndarray),
+                    f"return a NumPy array, got {type(got).__name__}.",
                 )
-            elif t.dtype in (torch.int64, torch.bool):
                 expect(
-                    got.dtype == want.numpy().dtype,
-                    f"keep the dtype of {what}: expected {want.numpy().dtype}, got {got.dtype}. "
-                    "Convert only what NumPy cannot hold (bf16).",
+                    got.shape == tuple(t.shape),
+                    f"the shape changed: expected {tuple(t.shape)}, got {got.shape}.",
                 )
-            expect(
-                np.array_equal(got.astype(np.float64), want.double().numpy()),
-                f"the values of {what} changed.",
-            )
+                want = t.detach().cpu()
+                if t.dtype == torch.bfloat16:
+                    want = want.float()
+                    expect(
+                        got.dtype == np.float32,
+                        f"NumPy has no bfloat16; expected float32, got {got.dtype}.",
+                    )
+                else:
+                    expect(
+                        got.dtype == want.numpy().dtype,
+                        f"keep the dtype: expected {want.numpy().dtype}, got {got.dtype}. "
+                        "Convert only what NumPy cannot hold (bf16).",
+                    )
+                expect(np.array_equal(got, want.numpy()), "the values changed.")
+                expect(
+                    (t.requires_grad, t.device, t.dtype) == before[:3]
+                    and torch.equal(t.detach(), before[3]),
+                    "your function changed the caller's tensor (its requires_grad, device, "
+                    "dtype or values): work on t.detach(), never on t itself.",
+                )
 
     return run_check("Exercise 5, to_numpy for any tensor", probes)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from helpers.batching import ResidentBatches
-from helpers.checks import CheckFailed, CheckResult, expect, run_check
+from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
 from helpers.data import make_classification_data
 from helpers.devices import pick_device
 from helpers.loops import make_mlp
@@ -66,6 +66,11 @@ def check_train_steps(train_steps: Callable[..., torch.Tensor]) -> CheckResult:
             torch.allclose(losses.detach().cpu().float(), expected, rtol=1e-4, atol=1e-6),
             "the losses differ from full-batch SGD (lr=0.1) on the MSE loss; keep the maths of "
             "the original loop and change only where tensors live.",
+        )
+        expect(
+            not losses.requires_grad,
+            "the losses tensor requires grad: it holds every step's autograd graph alive. "
+            "Store loss.detach().",
         )
         model, x, y = _train_steps_case(1)
         _, counter = count_syncs(train_steps, model, x, y, "cpu", steps=5)
@@ -159,6 +164,11 @@ def check_train_epoch(train_epoch: Callable[..., Any]) -> CheckResult:
             f"each result should be a 0-dim tensor on {device}; got "
             f"{[(tuple(r.shape), str(r.device)) for r in result]}.",
         )
+        expect(
+            not any(r.requires_grad for r in result),
+            "a result requires grad, so it keeps every step's autograd graph alive until the "
+            "caller drops it: accumulate loss.detach(), not loss.",
+        )
         got = [float(r) for r in result]
         names = ("mean loss", "accuracy", "best (lowest) batch loss")
         for name, g, e in zip(names, got, expected):
@@ -195,6 +205,33 @@ def _one_epoch(fn: Callable[..., Any], x, y, batch_size: int, g: torch.Generator
         "return (or yield) the batches: write a generator with `yield xb, yb`.",
     )
     return list(batches)
+
+
+def _probe_batch_sizes(
+    resident_batches: Callable[..., Any], x: torch.Tensor, y: torch.Tensor, g: torch.Generator
+) -> None:
+    """Exercise 3's probes of awkward batch sizes, and of 0 and -1 (chapter 2)."""
+    n = len(x)
+    for bs in (1, 33, 150):  # one sample each; 33 divides nothing here; more than n
+        with probe(f"{n} samples, batch_size={bs}"):
+            batches = _one_epoch(resident_batches, x, y, bs, g)
+            sizes = [len(yb) for _, yb in batches]
+            want = [bs] * (n // bs) + ([n % bs] if n % bs else [])
+            expect(sizes == want, f"expected batch sizes {want[:5]}..., got {sizes[:5]}...")
+            seen = torch.cat([yb for _, yb in batches]).cpu()
+            expect(
+                bool((torch.bincount(seen, minlength=n) == 1).all()),
+                "every sample must appear exactly once per epoch.",
+            )
+    for bs in (0, -1):
+        with probe(f"batch_size={bs}"):
+            try:
+                list(resident_batches(x, y, bs, g))
+            except ValueError:
+                continue
+            raise CheckFailed(
+                f"batch_size={bs} should raise ValueError with a clear message; it did not."
+            )
 
 
 def check_resident_batches(resident_batches: Callable[..., Any]) -> CheckResult:
@@ -256,12 +293,7 @@ def check_resident_batches(resident_batches: Callable[..., Any]) -> CheckResult:
             "a sync per epoch or per batch. Index with the permutation tensor itself, not "
             ".tolist().",
         )
-        try:
-            list(resident_batches(x, y, 0, g))
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("batch_size=0 should raise ValueError with a clear message.")
+        _probe_batch_sizes(resident_batches, x, y, g)
 
     return run_check("Exercise 3: a resident-tensor batch iterator", probes)
 
@@ -303,6 +335,14 @@ def check_fastest_batch_size(fastest_batch_size: Callable[..., int]) -> CheckRes
         expect(
             fastest_batch_size(dip, 64 * _MiB) == 256,
             "pick the *fastest* batch that fits, not the largest: here 512 fits but 256 is faster.",
+        )
+        shuffled = _rows((256, 3e5, 30), (4096, 6e5, 400), (1024, 5e5, 100), (64, 1e5, 10))
+        with probe("rows not sorted by batch size"):
+            got = fastest_batch_size(shuffled, 128 * _MiB)
+        expect(
+            got == 1024,
+            "with the rows in another order the answer is still 1024: do not rely on the rows "
+            "being sorted.",
         )
         tie = _rows((128, 2e5, 20), (64, 2e5, 10), (256, 1e5, 40))
         expect(

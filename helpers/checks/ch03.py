@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import numpy as np
 import torch
 from torch import nn
 
-from helpers.checks import CheckFailed, CheckResult, expect, run_check
-from helpers.precision import choose_amp_dtype, fp16_fate
+from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
+from helpers.data import make_classification_data
+from helpers.precision import choose_amp_dtype
+
+_SUB = 2.0**-24  # fp16's smallest subnormal
+_NORMAL = 2.0**-14  # fp16's smallest normal
 
 # (value, hint if the answer is wrong). The values stay clear of exact rounding ties.
 _FATE_PROBES: list[tuple[float, str]] = [
@@ -32,11 +40,60 @@ _FATE_PROBES: list[tuple[float, str]] = [
     (2e-8, "2e-8 is closer to 0 than to the smallest subnormal 5.96e-8, so it rounds to zero"),
     (1e-9, "1e-9 is far below the smallest subnormal (5.96e-8): it underflows to zero"),
     (-1e-9, "the sign does not matter: -1e-9 underflows to (negative) zero"),
+    (-3e-5, "the sign does not matter: -3e-5 is a (negative) subnormal"),
     (6.5e4, "65,000 is below fp16's max (65,504)"),
     (65510.0, "65,510 rounds to the nearest fp16 number, 65,504, which is finite"),
+    (65519.0, "65,519 is closer to 65,504 than to the next step (65,536): it rounds to max"),
     (6.6e4, "66,000 is above fp16's max (65,504): it overflows to inf"),
     (-7e4, "-70,000 overflows to -inf: answer 'inf' for either sign"),
+    (
+        _NORMAL - _SUB / 4,
+        "2**-14 - 2**-26 lies between the largest subnormal (2**-14 - 2**-24) and the smallest "
+        "normal 2**-14, closer to the normal: it rounds UP to the smallest normal",
+    ),
+    (
+        -(_NORMAL - _SUB / 4),
+        "the sign does not matter: -(2**-14 - 2**-26) rounds to minus the smallest normal",
+    ),
+    (
+        _NORMAL - _SUB,
+        "2**-14 - 2**-24 is exactly the largest subnormal: it stays a subnormal",
+    ),
+    (
+        _NORMAL - 0.75 * _SUB,
+        "2**-14 - 0.75 * 2**-24 is closer to the largest subnormal than to 2**-14: subnormal",
+    ),
+    (_SUB * 0.75, "0.75 * 2**-24 rounds up to the smallest subnormal 2**-24"),
+    (_SUB * 0.25, "0.25 * 2**-24 rounds down to zero"),
+    (1e-300, "1e-300 underflows to zero"),
+    (float("inf"), "inf stays inf"),
+    (3.4e38, "3.4e38 (fp32's max) overflows fp16 to inf"),
 ]
+
+
+def _cast_fate(x: float) -> str:
+    """What a correctly rounded cast of x to fp16 gives: 'zero', 'subnormal', 'normal', 'inf' (chapter 3)."""
+    with np.errstate(over="ignore"):
+        h = abs(float(np.float16(x)))
+    if math.isinf(h):
+        return "inf"
+    if h == 0.0:
+        return "zero"
+    return "subnormal" if h < _NORMAL else "normal"
+
+
+def _sampled_values() -> list[float]:
+    """Values across fp16's whole range and both signs, clear of rounding ties (chapter 3)."""
+    values = []
+    for e in range(-27, 18):
+        for m in (1.0, 1.1, 1.37, 1.5, 1.73, 1.999):
+            for sign in (1.0, -1.0):
+                values.append(sign * m * 2.0**e)
+    for k in range(1, 40):  # the bands under the smallest normal and around max
+        values += [_NORMAL - k * _SUB / 7, 65504.0 + k * 0.41, k * _SUB / 9]
+    # torch casts float64 via float32 (two roundings); keep values where that does not matter
+    with np.errstate(over="ignore"):
+        return [v for v in values if np.float16(np.float32(v)) == np.float16(v)]
 
 
 def check_fp16_fate(fn: Callable[[float], str]) -> CheckResult:
@@ -44,16 +101,29 @@ def check_fp16_fate(fn: Callable[[float], str]) -> CheckResult:
 
     def probes() -> None:
         for value, hint in _FATE_PROBES:
-            got = fn(value)
-            expect(
-                got in ("zero", "subnormal", "normal", "inf"),
-                f"return one of 'zero', 'subnormal', 'normal', 'inf'; got {got!r} for {value!r}.",
+            with probe(f"fp16_fate({value!r})"):
+                got = fn(value)
+                expect(
+                    got in ("zero", "subnormal", "normal", "inf"),
+                    f"return one of 'zero', 'subnormal', 'normal', 'inf'; got {got!r}.",
+                )
+                expected = _cast_fate(value)
+                expect(got == expected, f"expected {expected!r}, got {got!r}: {hint}.")
+        wrong = []
+        for value in _sampled_values():
+            with probe(f"fp16_fate({value!r})"):
+                got = fn(value)
+            if got != _cast_fate(value):
+                wrong.append((value, got))
+        expect(
+            not wrong,
+            f"{len(wrong)} of {len(_sampled_values())} values across fp16's range get the wrong "
+            "answer, e.g. "
+            + ", ".join(
+                f"fp16_fate({v!r}) = {g!r}, a cast gives {_cast_fate(v)!r}" for v, g in wrong[:3]
             )
-            expected = fp16_fate(value)
-            expect(
-                got == expected,
-                f"fp16_fate({value!r}) should be {expected!r}, got {got!r}: {hint}.",
-            )
+            + ". Compare |x| with the rounding boundaries: half a step beyond each edge.",
+        )
 
     return run_check("Exercise 1: predict what fp16 does to a value", probes)
 
@@ -123,6 +193,34 @@ _MACHINES: list[tuple[str, dict[str, Any], str]] = [
         {"kind": "mps", "name": "Apple M2"},
         "an Apple GPU computes fp16 natively: fp16 with a GradScaler",
     ),
+    # names that decide nothing: the compute capability does
+    (
+        "an unnamed GPU of compute capability 8.6",
+        {"kind": "cuda", "name": "GPU 0", "compute_capability": (8, 6), "bf16_reported": True},
+        "decide by compute_capability, not by the name: 8.6 >= 8.0 means bf16, no scaler",
+    ),
+    (
+        "an unnamed GPU of compute capability 7.2",
+        {"kind": "cuda", "name": "GPU 1", "compute_capability": (7, 2), "bf16_reported": True},
+        "decide by compute_capability, not by the name: 7.2 is 7.x, fp16 tensor cores, so fp16 "
+        "with a GradScaler",
+    ),
+    (
+        "compute capability 12.0",
+        {"kind": "cuda", "name": "GPU 2", "compute_capability": (12, 0), "bf16_reported": True},
+        "12.0 >= 8.0: compare (major, minor) as numbers, e.g. tuple(cc) >= (8, 0), not as text "
+        "('12.0' < '8.0' as strings) and not the minor number alone",
+    ),
+    (
+        "Tesla P100 (6.0, no bf16 reported)",
+        {"kind": "cuda", "name": "GPU 3", "compute_capability": (6, 0), "bf16_reported": False},
+        "below compute capability 7.0 there are no tensor cores: keep fp32",
+    ),
+    (
+        "a CPU with no flags listed",
+        {"kind": "cpu", "name": "CPU 0", "cpu_flags": []},
+        "no bf16 flag: fp32",
+    ),
 ]
 
 
@@ -131,24 +229,39 @@ def check_pick_amp_dtype(fn: Callable[[dict[str, Any]], tuple[str, bool]]) -> Ch
 
     def probes() -> None:
         for label, desc, hint in _MACHINES:
-            got = fn(dict(desc))
-            expect(
-                isinstance(got, tuple) and len(got) == 2,
-                f"return a pair (dtype name, use_scaler), e.g. ('fp16', True); got {got!r}.",
-            )
-            name, use_scaler = got
-            expected = choose_amp_dtype(desc)
-            expect(
-                name == expected.name,
-                f"{label}: expected {expected.name!r}, got {name!r}: {hint}.",
-            )
-            expect(
-                bool(use_scaler) == expected.use_scaler,
-                f"{label}: use_scaler should be {expected.use_scaler} "
-                f"(only fp16 needs a GradScaler; bf16 has fp32's range).",
-            )
+            with probe(label):
+                _one_amp_dtype(fn, desc, hint)
 
     return run_check("Exercise 2: pick the AMP dtype for a machine", probes)
+
+
+def _one_amp_dtype(
+    fn: Callable[[dict[str, Any]], tuple[str, bool]], desc: dict[str, Any], hint: str
+) -> None:
+    """One machine of check_pick_amp_dtype: the answer, its types, the description unchanged (chapter 3)."""
+    given = copy.deepcopy(desc)
+    got = fn(given)
+    expect(
+        given == desc,
+        f"your function changed the description it was given (now {given!r}): read it, do "
+        "not pop, set or sort its entries; the caller still needs it.",
+    )
+    expect(
+        isinstance(got, tuple) and len(got) == 2,
+        f"return a pair (dtype name, use_scaler), e.g. ('fp16', True); got {got!r}.",
+    )
+    name, use_scaler = got
+    expected = choose_amp_dtype(desc)
+    expect(name == expected.name, f"expected {expected.name!r}, got {name!r}: {hint}.")
+    expect(
+        isinstance(use_scaler, (bool, np.bool_)),
+        f"use_scaler must be True or False, not {use_scaler!r}.",
+    )
+    expect(
+        bool(use_scaler) == expected.use_scaler,
+        f"use_scaler should be {expected.use_scaler} "
+        f"(only fp16 needs a GradScaler; bf16 has fp32's range).",
+    )
 
 
 def _grad_norm(params: list[nn.Parameter]) -> float:
@@ -211,8 +324,6 @@ class _SpyScaler(torch.amp.GradScaler):
 
 def _probe_train_step(fn: Callable[..., Any], dtype: torch.dtype, steps: int = 20) -> None:
     """Run the learner's AMP step on CPU in `dtype` and check every rule (chapter 3)."""
-    from helpers.data import make_classification_data
-
     name = "fp16" if dtype == torch.float16 else "bf16"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -316,6 +427,22 @@ def _fresh(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradS
     return model, optimizer, torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=3)
 
 
+@contextmanager
+def _spy_loads() -> Iterator[list[Any]]:
+    """Record every object whose load_state_dict() is called inside the block (chapter 3)."""
+    seen: list[Any] = []
+    with ExitStack() as stack:
+        for cls in (nn.Module, torch.optim.Optimizer, torch.amp.GradScaler):
+            real = cls.load_state_dict
+
+            def spy(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                seen.append(self)
+                return _real(self, *args, **kwargs)
+
+            stack.enter_context(mock.patch.object(cls, "load_state_dict", spy))
+        yield seen
+
+
 def check_scaler_checkpoint(
     save_fn: Callable[[Path, nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Any],
     load_fn: Callable[[Path, nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Any],
@@ -327,7 +454,16 @@ def check_scaler_checkpoint(
         _scaler_history(model, optimizer, scaler)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "checkpoint.pt"
+            before = (copy.deepcopy(model.state_dict()), scaler.state_dict())
             save_fn(path, model, optimizer, scaler)
+            expect(
+                scaler.state_dict() == before[1]
+                and all(
+                    torch.equal(a, b)
+                    for a, b in zip(model.state_dict().values(), before[0].values())
+                ),
+                "save_checkpoint changed the model or the GradScaler it saved: saving only reads them.",
+            )
             expect(
                 path.exists(), f"save_checkpoint did not write {path.name}: torch.save(..., path)."
             )
@@ -340,7 +476,20 @@ def check_scaler_checkpoint(
                     f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})."
                 ) from None
             model2, optimizer2, scaler2 = _fresh(seed=1)
-            load_fn(path, model2, optimizer2, scaler2)
+            with _spy_loads() as loaded_into:
+                load_fn(path, model2, optimizer2, scaler2)
+        for what, given, cls in (
+            ("model", model2, nn.Module),
+            ("optimizer", optimizer2, torch.optim.Optimizer),
+            ("GradScaler", scaler2, torch.amp.GradScaler),
+        ):
+            others = [o for o in loaded_into if isinstance(o, cls) and o is not given]
+            expect(
+                not others or any(o is given for o in loaded_into),
+                f"you called load_state_dict() on a new {type(others[0]).__name__ if others else what}, "
+                f"not on the {what} you were given: load_checkpoint restores in place, into its "
+                f"arguments ({what}.load_state_dict(...)); a new object is lost when it returns.",
+            )
         expect(
             all(
                 torch.equal(a, b)

@@ -1,7 +1,9 @@
 """Checkers for the chapter 4 exercises (chapter 4).
 
-Three of them run the learner's function on 2 gloo ranks: the function travels to the ranks
-as its compiled code plus the modules and imported names it uses (so it must be
+Three of them run the learner's function at two world sizes: first in this process, in a
+one-rank gloo group (world size 1, no launch), then on 3 gloo ranks launched with torchrun
+(an odd world size; a tiny job, so the launcher allows 3 even on 2 cores). For the launch the function
+travels as its compiled code plus the modules and imported names it uses (so it must be
 self-contained: imports inside the exercise cell, no helper functions from other cells),
 ``helpers/scripts/exercise_check.py`` calls it on each rank, and the checker compares what
 the ranks did with one process's answer. An untouched stub is recognised without launching.
@@ -9,21 +11,40 @@ the ranks did with one process's answer. An untouched stub is recognised without
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import marshal
 import pickle
+import shutil
+import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from helpers.checks import CheckFailed, CheckResult, expect, run_check
+from helpers.checks import (
+    CheckFailed,
+    CheckResult,
+    NotDoneYet,
+    expect,
+    one_backward_per_forward_hint,
+    probe,
+    run_check,
+)
 from helpers.data import make_classification_data
+from helpers.distributed import TINY_JOB_RANKS, launch, new_run_dir, read_results
 from helpers.scripts import exercise_check as task
+from helpers.scripts.common import Context, teardown
 
-WORLD = 2
+#: The world sizes the distributed checkers try: 1 in this process, then the launched ranks.
+MAX_RANKS = 3
+#: Seconds before a collective or send/recv in the one-rank group gives up (no rank 1 exists).
+IN_PROCESS_TIMEOUT_S = 5
 _SIMPLE = (bool, int, float, str, bytes, type(None))
 
 
@@ -88,29 +109,110 @@ def payload(fn: Callable) -> dict[str, Any]:
     }
 
 
-def run_on_ranks(fn: Callable, name: str) -> list[dict[str, Any]]:
-    """Run `fn` as task `name` on 2 gloo ranks; each rank's result (chapter 4)."""
-    from helpers.distributed import launch, new_run_dir, read_results
+def launched_ranks() -> int:
+    """How many ranks the launch uses: 3 on every machine, as a tiny gloo job (chapter 4)."""
+    return min(MAX_RANKS, TINY_JOB_RANKS)
 
+
+#: Point-to-point calls that would wait for (or, in gloo, crash on) a rank a world of 1 lacks.
+_P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+def _no_peer(name: str) -> Callable[..., Any]:
+    """A stand-in for dist.<name> that raises: with one rank there is no peer (chapter 4)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"dist.{name} at world size 1: there is no other rank to send to or receive from"
+        )
+
+    return refuse
+
+
+@contextmanager
+def _one_rank_world(out: Path) -> Iterator[None]:
+    """A one-rank gloo group in this process, point-to-point calls refused, then torn down (chapter 4)."""
+    dist.init_process_group(
+        "gloo",
+        init_method=(out / "pg").resolve().as_uri(),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=IN_PROCESS_TIMEOUT_S),  # a wait for rank 1 ends
+    )
+    real = {name: getattr(dist, name) for name in _P2P if hasattr(dist, name)}
+    try:
+        for name in real:
+            setattr(dist, name, _no_peer(name))
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+        if dist.is_initialized():
+            try:
+                teardown()  # a barrier first: see its comment
+            except RuntimeError:  # the learner's code left the group broken: just leave it
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+
+def run_in_process(fn: Callable, name: str, steps: int = task.ACCUM_STEPS) -> dict[str, Any]:
+    """Run task `name` on `fn` in this process, in a one-rank gloo group (chapter 4)."""
     if is_stub(fn):
-        raise NotImplementedError
+        raise NotDoneYet
+    payload(fn)  # self-contained, as the launched ranks will need it: say so before running
+    if not dist.is_available() or dist.is_initialized():
+        return {}  # no torch.distributed, or the notebook has its own group: launched ranks only
+    out = Path(tempfile.mkdtemp(prefix=f"course_ch04_exercise_{name}_"))
+    try:
+        with _one_rank_world(out), probe("1 rank, in this process"):
+            return task.run_task(
+                name, Context(0, 1, 0, "gloo", torch.device("cpu")), fn, out, steps
+            )
+    except CheckFailed as exc:
+        if not any(w in str(exc).lower() for w in ("timeout", "world size 1")):
+            raise
+        raise CheckFailed(
+            f"{exc} With one rank there is no other rank to wait for: use collectives such as "
+            "dist.all_reduce, which work for any number of ranks, not sends to a fixed rank."
+        ) from None
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def run_on_ranks(
+    fn: Callable, name: str, world: int, steps: int = task.ACCUM_STEPS
+) -> list[dict[str, Any]]:
+    """Run `fn` as task `name` on `world` launched gloo ranks; each rank's result (chapter 4)."""
+    if is_stub(fn):
+        raise NotDoneYet
     data = payload(fn)
     out = new_run_dir(f"exercise_{name}")
     with open(out / "payload.pkl", "wb") as f:
         pickle.dump(data, f)
     args = ["--payload", out / "payload.pkl", "--task", name, "--out", out, "--pg-timeout", 20]
-    res = launch(
-        "exercise_check", WORLD, args, backend="gloo", timeout=120, echo=False, check=False
-    )
-    if not res.ok:
-        tail = "\n".join(res.lines[-15:])
-        raise CheckFailed(f"the 2-rank run failed. {res.message}\nLast lines:\n{tail}")
-    results = read_results(out, WORLD)
+    args += ["--accum-steps", steps]
+    try:
+        res = launch(
+            "exercise_check",
+            world,
+            args,
+            backend="gloo",
+            timeout=120,
+            echo=False,
+            check=False,
+            tiny_job=True,
+        )
+        if not res.ok:
+            tail = "\n".join(res.lines[-15:])
+            raise CheckFailed(f"the {world}-rank run failed. {res.message}\nLast lines:\n{tail}")
+        results = read_results(out, world)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # payload, checkpoint, rank files: read already
     if any(r["status"] == "todo" for r in results):
-        raise NotImplementedError
+        raise NotDoneYet
     errors = [r["error"] for r in results if r["status"] == "error"]
     if errors:
-        raise CheckFailed(f"your function raised on the ranks: {errors[0]}")
+        raise CheckFailed(f"[probe: {world} ranks] your function raised on the ranks: {errors[0]}")
     return results
 
 
@@ -124,85 +226,130 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def reference_average_gradients() -> list[torch.Tensor]:
-    """One process's gradients on the whole global batch of the average_gradients task (chapter 4)."""
-    x, y = make_classification_data(task.PER_RANK_BATCH * WORLD, seed=7)
+def reference_average_gradients(world: int) -> list[torch.Tensor]:
+    """One process's gradients on the whole global batch of `world` ranks (chapter 4)."""
+    x, y = make_classification_data(task.PER_RANK_BATCH * world, seed=7)
     model = task.make_mlp(task.SIZES, seed=3)
     nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
     return _grads(model)
 
 
+def _where(world: int, rank: int) -> str:
+    """'[probe: 3 ranks, rank 1] ' or '[probe: 1 rank] ' (chapter 4)."""
+    return f"[probe: {world} ranks, rank {rank}] " if world > 1 else "[probe: 1 rank] "
+
+
+def _expect_averaged(res: dict[str, Any], ref: list[torch.Tensor], world: int, rank: int) -> None:
+    """One rank's gradients after average_gradients, against the whole batch's (chapter 4)."""
+    after, before, at = res["after"], res["before"], _where(world, rank)
+    expect(not res["moved"], at + "the weights changed: average the gradients only, no step.")
+    if world > 1:
+        expect(
+            not _close(after, before),
+            at + "the gradients did not change: call dist.all_reduce on every p.grad.",
+        )
+        expect(
+            not _close(after, ref, world),
+            at + f"the gradients are {world}x too large: all_reduce sums, so divide by "
+            "dist.get_world_size() afterwards.",
+        )
+    for k in sorted({2, 3, world * world} - {1}):
+        expect(
+            not _close(after, ref, 1 / k),
+            at + f"the gradients are {k}x too small: divide once, by dist.get_world_size() "
+            f"(here {world}), not by a fixed number or twice.",
+        )
+    expect(
+        _close(after, ref),
+        at + "the gradients differ from one process's gradient on the whole batch. Sum them "
+        "with dist.all_reduce(p.grad) and divide by dist.get_world_size().",
+    )
+
+
 def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> CheckResult:
-    """Exercise 2: all-reduce the gradients and divide by the world size (chapter 4)."""
+    """Exercise 2: all-reduce the gradients and divide by the world size, at 1 and 2-3 ranks (chapter 4)."""
 
     def probes() -> None:
-        ranks = run_on_ranks(average_gradients, "average_gradients")
-        ref = reference_average_gradients()
+        one = run_in_process(average_gradients, "average_gradients")
+        if one:
+            _expect_averaged(one, reference_average_gradients(1), 1, 0)
+        world = launched_ranks()
+        ranks = run_on_ranks(average_gradients, "average_gradients", world)
+        ref = reference_average_gradients(world)
         for r, res in enumerate(ranks):
-            after, before = res["after"], res["before"]
-            expect(
-                not _close(after, before) or _close(after, ref),
-                f"rank {r}'s gradients did not change: call dist.all_reduce on every p.grad.",
-            )
-            expect(
-                not _close(after, ref, WORLD),
-                f"rank {r}'s gradients are {WORLD}x too large: all_reduce sums, so divide by "
-                f"dist.get_world_size() afterwards.",
-            )
-            expect(
-                not _close(after, ref, 1 / WORLD),
-                f"rank {r}'s gradients are {WORLD}x too small: divide once, after the sum.",
-            )
-            expect(
-                _close(after, ref),
-                f"rank {r}'s gradients differ from one process's gradient on the whole batch. "
-                f"Sum them with dist.all_reduce(p.grad) and divide by the world size.",
-            )
+            _expect_averaged(res, ref, world, r)
 
     return run_check("Exercise 2, average the gradients", probes)
 
 
-def reference_accumulate() -> list[torch.Tensor]:
+def reference_accumulate(world: int, steps: int) -> list[torch.Tensor]:
     """One process's gradients on the accumulate task's whole global batch (chapter 4)."""
-    n = task.ACCUM_STEPS * task.PER_RANK_BATCH * WORLD
-    x, y = make_classification_data(n, seed=11)
+    x, y = make_classification_data(steps * task.PER_RANK_BATCH * world, seed=11)
     model = task.make_mlp(task.SIZES, seed=3)
     nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
     return _grads(model)
 
 
+def _expect_accumulated(res: dict[str, Any], world: int, rank: int, steps: int) -> None:
+    """One rank's accumulation: order, gradients and all-reduce count (chapter 4)."""
+    at = _where(world, rank) + f"{steps} micro-batches: "
+    g, calls, per_sync, together = (
+        res["grads"],
+        res["calls"],
+        res["calls_per_sync"],
+        res["together"],
+    )
+    expect(together <= 1, at + one_backward_per_forward_hint(together))
+    expect(not res["moved"], at + "the weights changed: accumulate gradients only, no step.")
+    expect(
+        calls > 0,
+        at + "DDP never all-reduced: the last micro-batch's backward must run outside "
+        "no_sync(), so that the accumulated gradients are averaged once.",
+    )
+    ref = reference_accumulate(world, steps)
+    expect(
+        not _close(g, ref, steps),
+        at + f"the gradients are {steps}x too large: divide each micro-batch's loss by "
+        "len(micro_batches) before backward.",
+    )
+    for k in sorted({2, 3, 4, world, steps * world} - {1, steps}):
+        ratio = steps / k
+        expect(
+            not _close(g, ref, ratio),
+            at + f"the gradients are {max(ratio, 1 / ratio):.3g}x too "
+            f"{'large' if ratio > 1 else 'small'}: divide each loss by len(micro_batches) (here "
+            f"{steps}), not by a fixed number or by the world size (DDP already averages over "
+            "ranks).",
+        )
+    expect(
+        _close(g, ref),
+        at + "the gradients differ from the big batch's. Backward on every micro-batch with "
+        "loss / len(micro_batches), inside model.no_sync() for all but the last.",
+    )
+    expect(
+        calls == per_sync,
+        at + f"DDP all-reduced {calls // max(per_sync, 1)} times instead of once: wrap every "
+        "backward except the last in `with model.no_sync():`.",
+    )
+
+
 def check_accumulate(accumulate: Callable[..., None]) -> CheckResult:
-    """Exercise 3: gradient accumulation with no_sync, equal to the big batch (chapter 4)."""
+    """Exercise 3: accumulation with no_sync, one backward per micro-batch, at 1 and 2-3 ranks (chapter 4)."""
 
     def probes() -> None:
-        ranks = run_on_ranks(accumulate, "accumulate")
-        ref = reference_accumulate()
-        k = task.ACCUM_STEPS
-        for r, res in enumerate(ranks):
-            g, calls, per_sync = res["grads"], res["calls"], res["calls_per_sync"]
-            expect(
-                calls > 0,
-                "DDP never all-reduced: the last micro-batch's backward must run outside "
-                "no_sync(), so that the accumulated gradients are averaged once.",
-            )
-            expect(
-                not _close(g, ref, k),
-                f"the gradients are {k}x too large: divide each micro-batch's loss by the "
-                f"number of micro-batches before backward.",
-            )
-            expect(
-                _close(g, ref),
-                f"rank {r}'s gradients differ from the big batch's. Backward on every "
-                f"micro-batch with loss / len(micro_batches), inside model.no_sync() for all "
-                f"but the last.",
-            )
-            expect(
-                calls == per_sync,
-                f"DDP all-reduced {calls // max(per_sync, 1)} times instead of once: wrap "
-                f"every backward except the last in `with model.no_sync():`.",
-            )
+        one = run_in_process(accumulate, "accumulate", steps=4)
+        if one:
+            _expect_accumulated(one, 1, 0, 4)
+        world = launched_ranks()
+        for r, res in enumerate(run_on_ranks(accumulate, "accumulate", world, task.ACCUM_STEPS)):
+            _expect_accumulated(res, world, r, task.ACCUM_STEPS)
 
     return run_check("Exercise 3, accumulate with no_sync", probes)
+
+
+def _epochs(read: list[int], per_epoch: int) -> list[list[int]]:
+    """One rank's reads cut into epochs (chapter 4)."""
+    return [read[e * per_epoch : (e + 1) * per_epoch] for e in range(task.EPOCHS)]
 
 
 def reference_train(reads: list[list[int]]) -> torch.Tensor:
@@ -210,73 +357,121 @@ def reference_train(reads: list[list[int]]) -> torch.Tensor:
     x, y = make_classification_data(task.DATASET_SIZE, seed=5)
     model = task.make_mlp(task.SIZES, seed=3)
     opt = torch.optim.SGD(model.parameters(), lr=task.LR)
-    b = task.PER_RANK_BATCH
-    steps = len(reads[0]) // b
-    for s in range(steps):
-        idx = torch.tensor([i for read in reads for i in read[s * b : (s + 1) * b]])
-        opt.zero_grad()
-        nn.functional.binary_cross_entropy_with_logits(model(x[idx]), y[idx]).backward()
-        opt.step()
+    b, per_epoch = task.PER_RANK_BATCH, len(reads[0]) // task.EPOCHS
+    for e in range(task.EPOCHS):
+        epochs = [_epochs(read, per_epoch)[e] for read in reads]
+        for s in range(0, per_epoch, b):
+            idx = torch.tensor([i for epoch in epochs for i in epoch[s : s + b]])
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(x[idx]), y[idx]).backward()
+            opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def _expect_sharded(ranks: list[dict[str, Any]]) -> None:
+    """Each rank read its own share (DistributedSampler), reshuffled each epoch (chapter 4)."""
+    n, w, epochs = task.DATASET_SIZE, len(ranks), task.EPOCHS
+    per_epoch = -(-n // w)  # DistributedSampler pads to a multiple of the world size
+    for r, res in enumerate(ranks):
+        expect(
+            len(res["read"]) == per_epoch * epochs,
+            _where(w, r) + f"this rank read {len(res['read'])} samples in {epochs} epochs instead "
+            f"of {per_epoch * epochs} ({n} samples / {w} ranks, rounded up, per epoch): give the "
+            "DataLoader a DistributedSampler(dataset) (no num_replicas/rank of your own, no "
+            "shuffle=True on the loader), so that each rank reads only its share.",
+        )
+    firsts = [set(_epochs(res["read"], per_epoch)[0]) for res in ranks]
+    expect(
+        len(set().union(*firsts)) == n,
+        _where(w, 0) + "the ranks' shares overlap: build DistributedSampler(dataset) inside "
+        "the ranks.",
+    )
+    first, second = _epochs(ranks[0]["read"], per_epoch)[:2]
+    expect(
+        first != second,
+        _where(w, 0) + "every epoch read the data in the same order: call "
+        "sampler.set_epoch(epoch) at the start of each epoch.",
+    )
+
+
+def _expect_saved_once(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0 alone saved, once, the plain state_dict, and every rank waited for it (chapter 4)."""
+    w = len(ranks)
+    others = [r for r, res in enumerate(ranks) if r and res["saves"]]
+    expect(
+        not others,
+        _where(w, others[0] if others else 0) + "this rank saved a checkpoint too: save only "
+        "where dist.get_rank() == 0.",
+    )
+    saves = ranks[0]["saves"]
+    expect(
+        len(saves) == 1,
+        _where(w, 0) + f"rank 0 saved {len(saves)} times; save once, after training.",
+    )
+    early = [r for r, res in enumerate(ranks) if not res.get("written_on_return", True)]
+    expect(
+        not early,
+        _where(w, early[0] if early else 0) + "this rank returned before rank 0 had written the "
+        "checkpoint (its torch.save was slow on purpose): call dist.barrier() on every rank "
+        "after rank 0 saves, so that no rank goes on (or exits) before the file exists.",
+    )
+    keys = saves[0]["keys"] or []
+    expect(
+        keys and not any(k.startswith("module.") for k in keys),
+        _where(w, 0) + "save the plain model's weights, model.module.state_dict() (a state_dict, "
+        "without the 'module.' prefix that DDP adds), not the DDP wrapper's.",
+    )
+    return saves
+
+
+def _expect_trained(ranks: list[dict[str, Any]]) -> None:
+    """What train_ddp did on every rank of one world size (chapter 4)."""
+    w = len(ranks)
+    _expect_sharded(ranks)
+    differ = [
+        r for r, res in enumerate(ranks) if not torch.equal(res["params"], ranks[0]["params"])
+    ]
+    expect(
+        not differ,
+        f"[probe: {w} ranks] the ranks ended with different weights: wrap the model in "
+        "DistributedDataParallel so that every backward averages the gradients.",
+    )
+    _expect_saved_once(ranks)
+    chatty = [r for r, res in enumerate(ranks) if r and res["printed"].strip()]
+    expect(
+        not chatty,
+        _where(w, chatty[0] if chatty else 0) + "this rank printed too: log only on rank 0, or "
+        "every line appears once per rank.",
+    )
+    state = ranks[0]["checkpoint"]
+    expect(
+        isinstance(state, dict),
+        _where(w, 0) + f"torch.load(checkpoint_path, weights_only=True) failed: {state}. Save "
+        "model.module.state_dict() with torch.save to checkpoint_path.",
+    )
+    plain = task.make_mlp(task.SIZES)
+    plain.load_state_dict(state)
+    saved = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
+    expect(
+        torch.equal(saved, ranks[0]["params"]),
+        _where(w, 0) + "the checkpoint is not the trained model.",
+    )
+    ref = reference_train([res["read"] for res in ranks])
+    expect(
+        torch.allclose(saved, ref, rtol=1e-4, atol=1e-5),
+        f"[probe: {w} ranks] the weights differ from one process training on the same global "
+        "batches: keep SGD(lr=lr), BCEWithLogitsLoss and one step per batch.",
+    )
+
+
 def check_train_ddp(train_ddp: Callable[..., None]) -> CheckResult:
-    """Exercise 4: a DDP-ready loop, with sampler, set_epoch, DDP and rank-0 saving (chapter 4)."""
+    """Exercise 4: a DDP-ready loop, with sampler, set_epoch, DDP and rank-0 saving, at 1 and 2-3 ranks (chapter 4)."""
 
     def probes() -> None:
-        ranks = run_on_ranks(train_ddp, "train_ddp")
-        n, w, epochs = task.DATASET_SIZE, WORLD, task.EPOCHS
-        per_epoch = n // w
-        for r, res in enumerate(ranks):
-            expect(
-                len(res["read"]) == per_epoch * epochs,
-                f"rank {r} read {len(res['read'])} samples in {epochs} epochs instead of "
-                f"{per_epoch * epochs}: give the DataLoader a DistributedSampler (and no "
-                f"shuffle=True of its own), so that each rank reads only its share.",
-            )
-        firsts = [set(res["read"][:per_epoch]) for res in ranks]
-        expect(
-            not (firsts[0] & firsts[1]) and len(firsts[0] | firsts[1]) == n,
-            "the ranks' shares overlap: build DistributedSampler(dataset) inside the ranks.",
-        )
-        r0 = ranks[0]["read"]
-        expect(
-            r0[:per_epoch] != r0[per_epoch : 2 * per_epoch],
-            "every epoch read the data in the same order: call sampler.set_epoch(epoch) at "
-            "the start of each epoch.",
-        )
-        expect(
-            torch.equal(ranks[0]["params"], ranks[1]["params"]),
-            "the ranks ended with different weights: wrap the model in DistributedDataParallel "
-            "so that every backward averages the gradients.",
-        )
-        expect(
-            not ranks[1]["saves"],
-            "rank 1 saved a checkpoint too: save only where dist.get_rank() == 0.",
-        )
-        saves = ranks[0]["saves"]
-        expect(len(saves) == 1, f"rank 0 saved {len(saves)} times; save once, after training.")
-        keys = saves[0]["keys"] or []
-        expect(
-            keys and not any(k.startswith("module.") for k in keys),
-            "save the plain model's weights, model.module.state_dict() (a state_dict, "
-            "without the 'module.' prefix that DDP adds), not the DDP wrapper's.",
-        )
-        expect(
-            not ranks[1]["printed"].strip(),
-            "rank 1 printed too: log only on rank 0, or every line appears once per rank.",
-        )
-        state = torch.load(saves[0]["path"], weights_only=True)
-        plain = task.make_mlp(task.SIZES)
-        plain.load_state_dict(state)
-        saved = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
-        expect(torch.equal(saved, ranks[0]["params"]), "the checkpoint is not the trained model.")
-        ref = reference_train([res["read"] for res in ranks])
-        expect(
-            torch.allclose(saved, ref, rtol=1e-4, atol=1e-5),
-            "the weights differ from one process training on the same global batches: keep "
-            "SGD(lr=lr), BCEWithLogitsLoss and one step per batch.",
-        )
+        one = run_in_process(train_ddp, "train_ddp")
+        if one:
+            _expect_trained([one])
+        _expect_trained(run_on_ranks(train_ddp, "train_ddp", launched_ranks()))
 
     return run_check("Exercise 4, a DDP-ready training loop", probes)
 
@@ -289,31 +484,43 @@ def check_scaled_lr(scaled_lr: Callable[..., tuple[int, float]]) -> CheckResult:
         (0.1, 256, 32, 8, 4),
         (3e-4, 64, 16, 2, 2),
         (0.05, 128, 128, 1, 1),
+        (0.1, 256, 48, 3, 1),  # effective 144: a ratio of 0.5625, not a whole number
+        (0.02, 100, 7, 3, 2),  # effective 42 of 100
+        (1e-3, 64, 16, 1, 3),  # one rank, accumulation only
     ]
 
     def probes() -> None:
         for base_lr, base_batch, per_rank, world, accum in cases:
-            got = scaled_lr(base_lr, base_batch, per_rank, world, accum)
+            with probe(
+                f"base_lr={base_lr}, base_batch={base_batch}, per_rank_batch={per_rank}, "
+                f"world_size={world}, accum_steps={accum}"
+            ):
+                one(base_lr, base_batch, per_rank, world, accum)
+
+    def one(base_lr: float, base_batch: int, per_rank: int, world: int, accum: int) -> None:
+        got = scaled_lr(base_lr, base_batch, per_rank, world, accum)
+        expect(
+            isinstance(got, tuple) and len(got) == 2,
+            "return a pair: (effective_batch, learning_rate).",
+        )
+        batch, lr = got
+        want = per_rank * world * accum
+        if accum > 1:
             expect(
-                isinstance(got, tuple) and len(got) == 2,
-                "return a pair: (effective_batch, learning_rate).",
+                batch != per_rank * world,
+                "the effective batch ignores accumulation: each optimizer step sees "
+                "per_rank_batch x world_size x accum_steps samples.",
             )
-            batch, lr = got
-            want = per_rank * world * accum
-            if accum > 1:
-                expect(
-                    batch != per_rank * world,
-                    "the effective batch ignores accumulation: each optimizer step sees "
-                    "per_rank_batch x world_size x accum_steps samples.",
-                )
-            expect(
-                batch == want,
-                f"with {per_rank} per rank, {world} ranks and {accum} accumulation steps the "
-                f"effective batch is {want}, not {batch}.",
-            )
-            expect(
-                abs(lr - base_lr * want / base_batch) <= 1e-12 + 1e-9 * abs(lr),
-                "scale the learning rate linearly: base_lr x effective_batch / base_batch.",
-            )
+        expect(
+            batch == want,
+            f"with {per_rank} per rank, {world} ranks and {accum} accumulation steps the "
+            f"effective batch is {want}, not {batch}.",
+        )
+        right = base_lr * want / base_batch
+        expect(
+            isinstance(lr, (int, float)) and abs(lr - right) <= 1e-12 + 1e-9 * abs(right),
+            f"expected the learning rate {right:.6g}, got {lr!r}: scale the learning rate "
+            "linearly, base_lr x effective_batch / base_batch (a true division, not //).",
+        )
 
     return run_check("Exercise 1, effective batch and learning rate", probes)

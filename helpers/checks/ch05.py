@@ -17,30 +17,72 @@ import torch
 from torch import nn
 
 from helpers.activations import measure_activation_bytes
-from helpers.checks import CheckResult, expect, run_check
+from helpers.checks import (
+    CheckFailed,
+    CheckResult,
+    expect,
+    forwards_at_once,
+    one_backward_per_forward_hint,
+    probe,
+    run_check,
+    work_order,
+)
 from helpers.memory_bill import make_mlp, measure_training_memory
 
 _KEYS = ("parameters", "gradients", "optimizer_state", "activations")
 
 
-def _relu_mlp(sizes: list[int], seed: int) -> nn.Sequential:
+def _relu_mlp(sizes: list[int], seed: int, bias: bool = True) -> nn.Sequential:
     """A flat Linear, ReLU, ..., Linear stack through `sizes` (chapter 5)."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(nn.Linear(a, b))
+        layers.append(nn.Linear(a, b, bias=bias))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+#: (layer widths, batch, bias): odd batches, one Linear alone, Linears without bias.
+_BILL_PROBES = (
+    ([32, 64, 64, 10], 16, True),
+    ([20, 128, 10], 50, True),
+    ([48, 96, 96, 96, 3], 7, True),
+    ([24, 40, 8], 9, False),
+    ([16, 4], 1, True),
+)
+
+
+def _bill_untouched(
+    fn: Callable[[nn.Sequential, int], Any], model: nn.Sequential, batch: int
+) -> Any:
+    """Call the learner's training_bill; fail if it trained, moved or cast the model (chapter 5)."""
+    weights = [p.detach().clone() for p in model.parameters()]
+    got = fn(model, batch)
+    params = list(model.parameters())
+    expect(
+        all(p.device == w.device and p.dtype == w.dtype for p, w in zip(params, weights)),
+        "your function moved or cast the caller's model: compute the bill from the layer "
+        "sizes, leave the model as it is.",
+    )
+    expect(
+        all(p.grad is None for p in params)
+        and all(torch.equal(p, w) for p, w in zip(params, weights)),
+        "your function ran backward or an optimizer step on the caller's model (its weights "
+        "or .grad changed): compute the bill from the layer sizes, train nothing.",
+    )
+    expect(all(p.requires_grad for p in params), "your function turned off requires_grad.")
+    return got
 
 
 def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> CheckResult:
     """Exercise 1: the fp32 + Adam training bill of an MLP, compared with real tensors and the meter (chapter 5)."""
 
     def probes() -> None:
-        for sizes, batch in (([32, 64, 64, 10], 16), ([20, 128, 10], 50), ([48, 96, 96, 96, 3], 7)):
-            model = _relu_mlp(sizes, seed=batch)
-            got = fn(model, batch)
+        for sizes, batch, bias in _BILL_PROBES:
+            model = _relu_mlp(sizes, seed=batch, bias=bias)
+            with probe(f"MLP {'-'.join(map(str, sizes))}, batch {batch}, bias={bias}"):
+                got = _bill_untouched(fn, model, batch)
             expect(
                 isinstance(got, dict), f"return a dict with keys {_KEYS}, not {type(got).__name__}."
             )
@@ -75,7 +117,8 @@ def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> C
                 got["optimizer_state"] == want["optimizer_state"],
                 f"optimizer state {where}: you said {got['optimizer_state']}, Adam holds "
                 f"{want['optimizer_state']} bytes: exp_avg and exp_avg_sq (2 fp32 copies) plus one "
-                "4-byte step counter per parameter tensor.",
+                "4-byte step counter per parameter TENSOR (len(list(model.parameters())): a Linear "
+                "without bias has one, not two).",
             )
             expect(
                 got["activations"] == want["activations"],
@@ -91,6 +134,44 @@ def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> C
 def _grads(model: nn.Module) -> list[torch.Tensor | None]:
     """Copies of every parameter's .grad (None stays None) (chapter 5)."""
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def _run_accumulation(
+    fn: Callable[..., Any],
+    model: nn.Sequential,
+    loss_fn: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    micro: int,
+) -> tuple[list[int], list[str]]:
+    """Run the learner's accumulation; the forward batch sizes and the forward/backward order (chapter 5)."""
+    largest: list[int] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...], sizes: list[int] = largest) -> None:
+        sizes.append(args[0].shape[0])
+
+    hooks = [model.register_forward_pre_hook(record)]
+    weights = [p.detach().clone() for p in model.parameters()]
+    x_before, y_before = x.clone(), y.clone()
+    try:
+        with (
+            probe(f"{len(x)} samples, micro_batch={micro}"),
+            work_order(model, model[0].weight) as events,
+        ):
+            fn(model, loss_fn, x, y, micro)
+    finally:
+        for h in hooks:
+            h.remove()
+    where = f"[probe: {len(x)} samples, micro_batch={micro}] "
+    expect(
+        torch.equal(x, x_before) and torch.equal(y, y_before),
+        where + "your function changed the caller's x or y.",
+    )
+    expect(
+        all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), weights)),
+        where + "the weights changed: accumulate gradients only, take no optimizer step.",
+    )
+    return largest, events
 
 
 def check_accumulate_gradients(
@@ -109,19 +190,11 @@ def check_accumulate_gradients(
             want = _grads(model)
             for p in model.parameters():  # stale gradients the learner must clear first
                 p.grad = torch.full_like(p, 7.0)
-            largest: list[int] = []
-
-            def record(
-                module: nn.Module, args: tuple[Any, ...], sizes: list[int] = largest
-            ) -> None:
-                sizes.append(args[0].shape[0])
-
-            hook = model.register_forward_pre_hook(record)
-            try:
-                fn(model, loss_fn, x, y, micro)
-            finally:
-                hook.remove()
-            expect(largest, "your function never ran the model.")
+            largest, events = _run_accumulation(fn, model, loss_fn, x, y, micro)
+            where = f"[probe: {n} samples, micro_batch={micro}] "
+            expect(largest, where + "your function never ran the model.")
+            together = forwards_at_once(events)
+            expect(together <= 1, where + one_backward_per_forward_hint(together))
             expect(
                 max(largest) <= micro,
                 f"with micro_batch={micro} you ran a forward on {max(largest)} samples at once: "
@@ -184,7 +257,15 @@ def check_forward_low_memory(
         nn.functional.cross_entropy(want_out, y).backward()
         want = _grads(model)
         model.zero_grad(set_to_none=True)
+        structure = [(name, id(m)) for name, m in model.named_modules()]
+        params = [id(p) for p in model.parameters()]
         got_out = fn(model, x)
+        expect(
+            [(name, id(m)) for name, m in model.named_modules()] == structure
+            and [id(p) for p in model.parameters()] == params,
+            "your function changed the caller's model (replaced or wrapped its layers): "
+            "checkpoint inside the forward, leave the model as it is.",
+        )
         expect(
             isinstance(got_out, torch.Tensor),
             f"return the model's output, not {type(got_out).__name__}.",
@@ -223,9 +304,10 @@ def check_largest_batch(fn: Callable[[Callable[[int], bool], int], int]) -> Chec
     """Exercise 4: doubling then binary search, correct at the edges and with few probes (chapter 5)."""
 
     def probes() -> None:
-        limit = 4096
-        budget = 2 * math.ceil(math.log2(limit)) + 2
-        for true_max in (1, 2, 3, 100, 1000, 1024, 1025, 4095, limit):
+        cases = [(4096, m) for m in (1, 2, 3, 100, 1000, 1024, 1025, 4095, 4096)]
+        cases += [(1000, m) for m in (999, 1000, 500, 513)] + [(1, 1), (3, 2), (3, 3)]
+        for limit, true_max in cases:
+            budget = 2 * math.ceil(math.log2(limit)) + 2 if limit > 1 else 1
             calls: list[int] = []
 
             def fits(batch: int, m: int = true_max, calls: list[int] = calls) -> bool:
@@ -247,9 +329,28 @@ def check_largest_batch(fn: Callable[[Callable[[int], bool], int], int]) -> Chec
                 all(1 <= b <= limit for b in calls),
                 f"you tried batch sizes outside 1..{limit}: {sorted(set(calls))[:5]}...",
             )
-        expect(fn(lambda b: False, limit) == 0, "when not even batch 1 fits, return 0.")
+        for limit in (4096, 1000, 1):
+            with probe(f"nothing fits, limit {limit}"):
+                expect(fn(lambda b: False, limit) == 0, "when not even batch 1 fits, return 0.")
 
     return run_check("Exercise 4: the largest batch that fits", probes)
+
+
+def _expect_propagates(fn: Callable[[Callable[[int], Any], int], bool]) -> None:
+    """A RuntimeError that is not out-of-memory (a shape bug) must reach the caller (chapter 5)."""
+
+    def shape_bug(batch: int) -> None:
+        torch.ones(batch, 3) @ torch.ones(4, 2)  # mat1 and mat2 shapes cannot be multiplied
+
+    try:
+        got = fn(shape_bug, 8)
+    except RuntimeError:
+        return
+    raise CheckFailed(
+        f"[probe: a RuntimeError that is not out-of-memory] a shape mismatch in the step was "
+        f"swallowed (you returned {got!r}): catching every RuntimeError hides bugs. Re-raise "
+        "unless helpers.sweeps.is_out_of_memory(exc) is true."
+    )
 
 
 def check_safe_step(fn: Callable[[Callable[[int], Any], int], bool]) -> CheckResult:
@@ -271,7 +372,16 @@ def check_safe_step(fn: Callable[[Callable[[int], Any], int], bool]) -> CheckRes
             "the failed step's tensors are still alive: something still references the "
             "exception or its traceback (a variable, a list, a global). Keep only a message.",
         )
-        expect(fn(lambda b: torch.zeros(b).sum(), 8) is True, "when the step runs, return True.")
+        calls: list[int] = []
+        expect(
+            fn(lambda b: calls.append(b) or torch.zeros(b).sum(), 8) is True,
+            "when the step runs, return True.",
+        )
+        expect(
+            calls == [8],
+            f"step(batch) ran {len(calls)} times with {calls}: call it once, with the batch given.",
+        )
+        _expect_propagates(fn)
 
         def buggy_step(batch: int) -> None:
             raise ValueError("a bug, not out-of-memory")

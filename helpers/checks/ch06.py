@@ -7,6 +7,7 @@ fails, and prints ✅, ❌ with a hint, or ⏳ for an untouched stub. None of th
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -15,7 +16,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import benchmark as tbench
 
-from helpers.checks import CheckResult, expect, run_check
+from helpers.checks import CheckResult, expect, probe, run_check
 from helpers.profiling import ToyAsyncDevice
 from helpers.syncs import SyncCounter
 
@@ -90,16 +91,61 @@ def _measure_probes(measure: Callable[..., float]) -> None:
         )
 
 
+class _ScriptedWorkload:
+    """fn() queues seconds[i] of work on the i-th call (the last value after the list) (chapter 6)."""
+
+    def __init__(self, device: ToyAsyncDevice, seconds: list[float]) -> None:
+        self.device, self.seconds, self.calls = device, seconds, 0
+
+    def __call__(self) -> None:
+        self.device.kernel(self.seconds[min(self.calls, len(self.seconds) - 1)])
+        self.calls += 1
+
+
+def _median_probe(measure: Callable[..., float]) -> None:
+    """Timed calls where 3 of 7 are instant: min and mean fall below the median (chapter 6)."""
+    warmup, slow = 2, 2 * KERNEL_S
+    timed = [0.0, slow, 0.0, slow, 0.0, slow, slow]  # median = slow, mean = 4/7 slow, min = 0
+    with ToyAsyncDevice() as device, probe(f"warmup={warmup}, repeats={len(timed)}"):
+        fn = _ScriptedWorkload(device, [FIRST_CALLS_S] * warmup + timed)
+        got = measure(fn, device.synchronize, warmup=warmup, repeats=len(timed))
+        device.synchronize()
+        expect(
+            fn.calls == warmup + len(timed),
+            f"fn was called {fn.calls} times instead of warmup + repeats = "
+            f"{warmup + len(timed)}: use the warmup and repeats you are given.",
+        )
+        # every timed call lasts at least what it queued, so the median of the measured times
+        # is at least the median of the queued ones: `slow`, on any machine however busy
+        expect(isinstance(got, (int, float)), f"return a float number of seconds, not {got!r}.")
+        expect(
+            got >= 0.999 * slow,
+            f"the timed calls queued {', '.join(f'{t * 1e3:g}' for t in timed)} ms: their "
+            f"median is {slow * 1e3:g} ms, and you returned {got * 1e3:.3g} ms, below it. "
+            f"That looks like {'the fastest call (min)' if got < 0.3 * slow else 'the mean'}, "
+            "which outliers move: return statistics.median of the per-call times.",
+        )
+
+
 def check_measure(measure: Callable[..., float]) -> CheckResult:
-    """Exercise 1: warm-up, sync and repeats, compared with torch.utils.benchmark (chapter 6)."""
-    return run_check("Exercise 1, a correct benchmark function", lambda: _measure_probes(measure))
+    """Exercise 1: warm-up, sync, repeats and the median, against torch.utils.benchmark (chapter 6)."""
+
+    def probes() -> None:
+        with probe("warmup=3, repeats=5, one hiccup"):
+            _measure_probes(measure)
+        _median_probe(measure)
+
+    return run_check("Exercise 1, a correct benchmark function", probes)
 
 
-def _profile_of(work: Callable[[], None]) -> profile:
+def _profile_of(work: Callable[[], None], label: bool = True) -> profile:
     """A CPU profile of one call of work(), wrapped in a record_function label 'outer' (chapter 6)."""
     work()  # warm up, so first-call costs do not decide the answer
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function("outer"):
+        if label:
+            with record_function("outer"):
+                work()
+        else:
             work()
     return prof
 
@@ -121,29 +167,110 @@ def _sort_among_small_ops() -> None:
         small = small + 1
 
 
+_BIG, _SMALL = torch.randn(100_000), torch.randn(4_000)
+
+
+def _many_small_among_one_big() -> None:
+    """One big multiplication and 200 small additions whose sum usually outweighs it (chapter 6)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.neg(_SMALL)  # the first row: tiny, and the top row of any sort by a zero column
+        _BIG * 2
+        v = _SMALL
+        for _ in range(200):
+            v = v + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _distinguishing_profile(
+    work: Callable[[], None], need: Callable[[object], bool], tries: int = 4
+) -> profile:
+    """A profile of work() for which need(key_averages) holds, if a few tries give one (chapter 6)."""
+    prof = _profile_of(work, label=False)
+    for _ in range(tries - 1):
+        if need(prof.key_averages()):
+            break
+        prof = _profile_of(work, label=False)
+    return prof
+
+
+def _top(rows: object, attr: str) -> str:
+    """The key of the row with the largest `attr` (chapter 6)."""
+    return max(rows, key=lambda e: getattr(e, attr, 0) or 0).key  # type: ignore[arg-type]
+
+
+def _biggest_single_event(prof: profile) -> str:
+    """The name of the one event with the largest self CPU time (chapter 6)."""
+    events = [e for e in prof.events() if e.name != "outer"]
+    return max(events, key=lambda e: e.self_cpu_time_total).name
+
+
 def check_top_self_op(top_self_op: Callable[[profile], str]) -> CheckResult:
     """Exercise 2: the op with the most self CPU time, read from key_averages (chapter 6)."""
 
     def probes() -> None:
-        for work in (_matmul_among_small_ops, _sort_among_small_ops):
-            prof = _profile_of(work)
+        cases = [
+            (
+                "many additions that together outweigh one multiplication",
+                _many_small_among_one_big,
+                lambda rows: (
+                    _top(rows, "self_cpu_time_total") == "aten::add"
+                    and max(rows, key=lambda e: e.self_cpu_time_total / max(e.count, 1)).key
+                    != "aten::add"
+                ),
+            ),
+            ("one matmul among small additions", _matmul_among_small_ops, None),
+            ("a sort, a small matmul, small additions", _sort_among_small_ops, None),
+        ]
+        for what, work, need in cases:
+            prof = _profile_of(work) if need is None else _distinguishing_profile(work, need)
             averages = prof.key_averages()
-            expected = max(averages, key=lambda e: e.self_cpu_time_total).key
-            by_total = max(averages, key=lambda e: e.cpu_time_total).key
-            got = top_self_op(prof)
+            expected = _top(averages, "self_cpu_time_total")
+            with probe(f"a profile of {what}"):
+                got = top_self_op(prof)
+            where = f"[probe: a profile of {what}] "
             expect(
                 isinstance(got, str),
-                f"return the op's name as a string (the row's .key), not {type(got).__name__}.",
+                where + f"return the op's name as a string (the row's .key), not "
+                f"{type(got).__name__}.",
             )
+            if got == expected:
+                continue
+            rows = list(averages)
+            causes = [
+                (
+                    _top(averages, "cpu_time_total"),
+                    "the row with the largest TOTAL time: it includes its children. Sort by "
+                    "self time (self_cpu_time_total) to find the op doing the work.",
+                ),
+                (
+                    _biggest_single_event(prof),
+                    "the op with the biggest single call; key_averages() already sums every "
+                    "call of an op, and many small calls can outweigh one big one.",
+                ),
+                (
+                    max(rows, key=lambda e: e.self_cpu_time_total / max(e.count, 1)).key,
+                    "the op with the largest time PER CALL (an average): use the total over "
+                    "all calls, self_cpu_time_total.",
+                ),
+                (
+                    _top(averages, "self_device_time_total"),
+                    "the op with the most self DEVICE time; on a CPU profile every device time "
+                    "is 0. The exercise asks for self_cpu_time_total.",
+                ),
+                (rows[0].key, "the first row: key_averages() is not sorted; take the max."),
+            ]
+            for wrong, why in causes:
+                expect(
+                    got != wrong,
+                    where + f"expected {expected!r}, you returned {got!r}, {why}",
+                )
             expect(
-                got != by_total or got == expected,
-                f"you returned {got!r}, the row with the largest TOTAL time: it includes its "
-                "children. Sort by self time (self_cpu_time_total) to find the op doing the work.",
-            )
-            expect(
-                got == expected,
-                f"the op with the most self CPU time in this profile is {expected!r}, you "
-                f"returned {got!r}. Use prof.key_averages() and each row's self_cpu_time_total.",
+                False,
+                where + f"expected {expected!r} (the most self CPU time), you returned {got!r}. "
+                "Use prof.key_averages() and each row's self_cpu_time_total.",
             )
 
     return run_check("Exercise 2, name the top op of a profile", probes)
@@ -173,16 +300,44 @@ def _reference_slow_train(
     return losses
 
 
+class _GraphToken:
+    """A marker stored in a step's autograd graph: alive while the graph is (chapter 6)."""
+
+
 def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
     """Exercise 3: the same per-step losses and parameters as the slow loop, with one sync (chapter 6)."""
 
     def probes() -> None:
+        for batch_size in (32, 48):  # 512 samples: 16 full batches; 10 full and a short one
+            with probe(f"512 samples, batch_size={batch_size}"):
+                one(batch_size)
+
+    def one(batch_size: int) -> None:
         slow_model, x, y = _regression_data()
         with SyncCounter() as slow_syncs:
-            expected = _reference_slow_train(slow_model, x, y)
+            expected = _reference_slow_train(slow_model, x, y, batch_size=batch_size)
         model, _, _ = _regression_data()
-        with SyncCounter() as syncs:
-            got = fast_train(model, x, y)
+        outputs: list[weakref.ref[_GraphToken]] = []
+        alive: list[int] = []
+
+        def watch(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            alive.append(sum(r() is not None for r in outputs))
+            if out.grad_fn is not None:  # lives exactly as long as this step's graph
+                token = _GraphToken()
+                out.grad_fn.metadata["course_check"] = token
+                outputs.append(weakref.ref(token))
+
+        hook = model.register_forward_hook(watch)
+        try:
+            with SyncCounter() as syncs:
+                got = fast_train(model, x, y, batch_size=batch_size)
+        finally:
+            hook.remove()
+        expect(
+            max(alive, default=0) <= 2,
+            f"{max(alive, default=0)} steps' autograd graphs were alive at once: you keep each "
+            "step's loss with its graph (and every activation in it). Store loss.detach().",
+        )
         expect(
             isinstance(got, list) and all(isinstance(v, float) for v in got),
             f"return the per-step losses as a list of Python floats, got {type(got).__name__}. "
@@ -213,23 +368,37 @@ def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
     return run_check("Exercise 3, remove the per-step sync", probes)
 
 
-def _linear_step_and_flops() -> tuple[Callable[[], None], int]:
-    """A Linear(256, 128) forward + backward at batch 64, and its exact FLOPs (chapter 6)."""
-    layer, x = nn.Linear(256, 128), torch.randn(64, 256)
+def _linear_step_and_flops(
+    batch: int = 64, sizes: tuple[int, ...] = (256, 128)
+) -> tuple[Callable[[], None], int]:
+    """A forward + backward of Linear layers through `sizes` at `batch`, and its exact FLOPs (chapter 6)."""
+    layers = [nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+    model, x = nn.Sequential(*layers), torch.randn(batch, sizes[0])
 
     def step() -> None:
-        layer(x).square().mean().backward()
+        model(x).square().mean().backward()
 
-    # forward 2*B*in*out, weight gradient 2*B*in*out; x needs no gradient
-    return step, 4 * 64 * 256 * 128
+    # forward 2*B*in*out per layer, weight gradient 2*B*in*out per layer, and the gradient
+    # of each layer's input except the first (x needs none): 2*B*in*out
+    pairs = list(zip(sizes, sizes[1:]))
+    flops = sum(4 * batch * a * b for a, b in pairs) + sum(2 * batch * a * b for a, b in pairs[1:])
+    return step, flops
 
 
 def check_step_mfu(step_mfu: Callable[[Callable[[], object], float, float], float]) -> CheckResult:
     """Exercise 4: MFU from FlopCounterMode's count, the step time and the peak (chapter 6)."""
 
     def probes() -> None:
-        step, flops = _linear_step_and_flops()
-        seconds, peak = 2e-4, 1e11
+        for batch, sizes, seconds, peak in (
+            (64, (256, 128), 2e-4, 1e11),
+            (24, (100, 40, 7), 3e-5, 3.7e11),
+            (5, (33, 65), 1.1e-6, 9.9e12),
+        ):
+            with probe(f"Linear layers {'-'.join(map(str, sizes))} at batch {batch}"):
+                one(batch, sizes, seconds, peak)
+
+    def one(batch: int, sizes: tuple[int, ...], seconds: float, peak: float) -> None:
+        step, flops = _linear_step_and_flops(batch, sizes)
         expected = flops / seconds / peak
         got = step_mfu(step, seconds, peak)
         expect(
@@ -240,15 +409,18 @@ def check_step_mfu(step_mfu: Callable[[Callable[[], object], float, float], floa
             not math.isclose(got, 100 * expected, rel_tol=1e-3),
             f"you returned {got:.4g}, a percentage: return the fraction ({expected:.4g}).",
         )
-        expect(
-            not math.isclose(got, 1.5 * expected, rel_tol=0.01),
-            "that is the '6 x batch x parameters' rule of thumb; count instead with "
-            "FlopCounterMode: this step computes no gradient for its input.",
-        )
+        pairs = list(zip(sizes, sizes[1:]))
+        for n_params in (sum(a * b for a, b in pairs), sum(a * b + b for a, b in pairs)):
+            expect(
+                not math.isclose(got, 6 * batch * n_params / seconds / peak, rel_tol=0.01),
+                "that is the '6 x batch x parameters' rule of thumb; count instead with "
+                "FlopCounterMode: this step computes no gradient for its input.",
+            )
         expect(
             math.isclose(got, expected, rel_tol=1e-3),
-            f"expected {expected:.4g} (= {flops:,} FLOPs / {seconds} s / {peak:.0e} FLOP/s), "
-            f"got {got:.4g}. Count one call's FLOPs with FlopCounterMode(display=False).",
+            f"expected {expected:.4g}, got {got:.4g} ({got / expected:.3g}x). Count the FLOPs "
+            "of one call of step() with FlopCounterMode(display=False) (no fixed number: the "
+            "step changes), then divide by seconds_per_step and by peak_flops.",
         )
         for bad_seconds in (0.0, -1e-3):
             try:

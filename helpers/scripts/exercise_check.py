@@ -16,6 +16,7 @@ import importlib
 import io
 import marshal
 import pickle
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,18 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
+from helpers.checks import forwards_at_once, work_order
 from helpers.data import make_classification_data
-from helpers.scripts.common import Context, flat_params, grads, make_mlp, parser, setup, teardown
+from helpers.scripts.common import (
+    Context,
+    exit_now,
+    flat_params,
+    grads,
+    make_mlp,
+    parser,
+    setup,
+    teardown,
+)
 
 #: Sizes every task uses; the checker imports them to build its single-process reference.
 SIZES = (20, 16, 1)
@@ -37,6 +48,8 @@ ACCUM_STEPS = 3
 DATASET_SIZE = 64
 EPOCHS = 2
 LR = 0.1
+#: How long rank 0's torch.save takes in train_ddp, so that a missing barrier shows.
+SLOW_SAVE_S = 0.5
 
 
 def rebuild(payload: dict[str, Any]) -> types.FunctionType:
@@ -66,31 +79,39 @@ def task_average_gradients(ctx: Context, fn: types.FunctionType) -> dict[str, An
     model = make_mlp(SIZES, seed=3)
     rows = slice(ctx.rank * b, (ctx.rank + 1) * b)
     nn.functional.binary_cross_entropy_with_logits(model(x[rows]), y[rows]).backward()
-    before = grads(model)
+    before, weights = grads(model), flat_params(model)
     fn(model)
-    return {"before": before, "after": grads(model)}
+    return {"before": before, "after": grads(model), "moved": not flat_params(model).equal(weights)}
 
 
-def micro_batches(ctx: Context) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's ACCUM_STEPS micro-batches of one global batch (chapter 4)."""
+def micro_batches(ctx: Context, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's `steps` micro-batches of one global batch (chapter 4)."""
     b, w = PER_RANK_BATCH, ctx.world_size
-    x, y = make_classification_data(ACCUM_STEPS * b * w, seed=11)
-    rows = [slice((i * w + ctx.rank) * b, (i * w + ctx.rank + 1) * b) for i in range(ACCUM_STEPS)]
+    x, y = make_classification_data(steps * b * w, seed=11)
+    rows = [slice((i * w + ctx.rank) * b, (i * w + ctx.rank + 1) * b) for i in range(steps)]
     return [(x[r], y[r]) for r in rows]
 
 
-def task_accumulate(ctx: Context, fn: types.FunctionType) -> dict[str, Any]:
-    """The learner's accumulation on a DDP model; gradients and all-reduce calls (chapter 4)."""
+def task_accumulate(ctx: Context, fn: types.FunctionType, steps: int) -> dict[str, Any]:
+    """The learner's accumulation on a DDP model: gradients, all-reduces, work order (chapter 4)."""
     probe = DDP(make_mlp(SIZES, seed=3))
     per_sync = [0]
     probe.register_comm_hook(state=per_sync, hook=counting_hook)
-    x, y = micro_batches(ctx)[0]
+    x, y = micro_batches(ctx, steps)[0]
     nn.functional.binary_cross_entropy_with_logits(probe(x), y).backward()
     model = DDP(make_mlp(SIZES, seed=3))
     calls = [0]
     model.register_comm_hook(state=calls, hook=counting_hook)
-    fn(model, micro_batches(ctx), nn.BCEWithLogitsLoss())
-    return {"grads": grads(model.module), "calls": calls[0], "calls_per_sync": per_sync[0]}
+    weights = flat_params(model)
+    with work_order(model.module, model.module[0].weight) as events:
+        fn(model, micro_batches(ctx, steps), nn.BCEWithLogitsLoss())
+    return {
+        "grads": grads(model.module),
+        "calls": calls[0],
+        "calls_per_sync": per_sync[0],
+        "together": forwards_at_once(events),
+        "moved": not flat_params(model).equal(weights),
+    }
 
 
 class RecordingDataset(Dataset):
@@ -118,6 +139,7 @@ def task_train_ddp(ctx: Context, fn: types.FunctionType, out: Path) -> dict[str,
     def recording_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         keys = list(obj.keys()) if isinstance(obj, dict) else None
         saves.append({"type": type(obj).__name__, "keys": keys, "path": str(f)})
+        time.sleep(SLOW_SAVE_S)  # a slow disk: a rank that does not wait returns first
         real_save(obj, f, *args, **kwargs)
 
     printed = io.StringIO()
@@ -134,13 +156,35 @@ def task_train_ddp(ctx: Context, fn: types.FunctionType, out: Path) -> dict[str,
             )
     finally:
         torch.save = real_save
+    written_on_return = (out / "checkpoint.pt").exists()  # before the harness's own barrier
     dist.barrier()
     return {
+        "written_on_return": written_on_return,
         "read": data.read,
         "saves": saves,
+        "checkpoint": read_back(saves[0]["path"]) if saves else None,
         "printed": printed.getvalue(),
         "params": flat_params(model),
     }
+
+
+def read_back(path: str) -> dict[str, Any] | str:
+    """What torch.load(path, weights_only=True) gives, or why it failed (chapter 4)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # the learner's file, whatever went wrong with it
+        return f"{type(exc).__name__}: {exc}"
+
+
+def run_task(
+    task: str, ctx: Context, fn: types.FunctionType, out: Path, steps: int = ACCUM_STEPS
+) -> dict[str, Any]:
+    """Run one task on this rank (or in the checker's own one-rank group) (chapter 4)."""
+    if task == "average_gradients":
+        return task_average_gradients(ctx, fn)
+    if task == "accumulate":
+        return task_accumulate(ctx, fn, steps)
+    return task_train_ddp(ctx, fn, out)
 
 
 def main() -> None:
@@ -149,6 +193,7 @@ def main() -> None:
     p.add_argument(
         "--task", required=True, choices=["average_gradients", "accumulate", "train_ddp"]
     )
+    p.add_argument("--accum-steps", type=int, default=ACCUM_STEPS)
     args = p.parse_args()
     ctx = setup(args.pg_timeout)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -157,12 +202,7 @@ def main() -> None:
     result: dict[str, Any] = {"status": "ok"}
     try:
         fn = rebuild(payload)
-        if args.task == "average_gradients":
-            result.update(task_average_gradients(ctx, fn))
-        elif args.task == "accumulate":
-            result.update(task_accumulate(ctx, fn))
-        else:
-            result.update(task_train_ddp(ctx, fn, args.out))
+        result.update(run_task(args.task, ctx, fn, args.out, args.accum_steps))
     except NotImplementedError:
         result = {"status": "todo"}
     except Exception as exc:  # report the learner's error instead of crashing the job
@@ -173,3 +213,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # skip the slow interpreter shutdown: see common.exit_now
