@@ -5,6 +5,10 @@
 #               (installs Debian's Chromium for the browser tests where it can)
 #   make test-widgets7   the notebook suite again with ipywidgets 7.7.1, Colab's (CI runs it)
 #   make instructor      run every chapter here; executed copies + HTML in executed/
+#   make gpu-check       notebooks + unit tests + benchmarks (+ NCCL on a GPU) with $(PYTHON)'s
+#                        own packages; one report in gpu-check/summary.md
+#   make test-torch-newest / test-torch-oldest   every notebook with the newest torch release
+#                        and with the oldest one requirements.txt allows (CI runs both)
 #
 # Which torch gets installed:
 #   make lab                 -> torch from PyPI within requirements.txt's range: a CUDA build on
@@ -12,6 +16,10 @@
 #   make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu   -> a small CPU-only build
 #   make lab TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4 -> AMD ROCm
 #   make test                -> torch==$(TEST_TORCH_VERSION), the release CI tests against
+#   make test-torch-newest   -> the newest torch release in requirements.txt's range, what a
+#                               learner's `make lab` gets (read with no pip config file, so a
+#                               machine-wide pip constraint cannot hold it back)
+#   make test-torch-oldest   -> torch==$(TORCH_OLDEST_VERSION), requirements.txt's floor
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,6 +39,21 @@ W7_UNIT_TESTS = $(filter-out tests/test_colab_compat.py,$(shell grep -lE 'ipywid
 # In the ipywidgets-7 lane the browser runs the widget self-test notebook only.
 W7_BROWSER_ARGS ?= -k selftest
 RUN_ALL_ARGS ?=
+# The torch lanes: every notebook (chapters, solutions, exercises) with the newest torch release
+# and with the oldest that requirements.txt allows, each in its own venv. Only notebooks: the
+# linter, unit tests and browser tests already run in `make test`.
+NEWEST_VENV ?= .venv-torch-newest
+OLDEST_VENV ?= .venv-torch-oldest
+# requirements.txt's floor. It cannot rise above the oldest torch Colab ships (2.6.0,
+# tests/test_colab_compat.py) without Colab reinstalling torch and asking for a restart.
+TORCH_OLDEST_VERSION ?= 2.5.0
+# Some machines cap torch with a pip constraint in a site-wide pip.conf (this project's CI
+# machines: /etc/xdg/pip, torch<=2.14.1). A learner's machine has none, so the newest lane reads
+# no pip config file at all. Set NEWEST_PIP_ENV= to use your pip config (a private mirror).
+NEWEST_PIP_ENV ?= PIP_CONFIG_FILE=/dev/null
+LANE_ARGS ?= --all --no-html --timeout 600
+# gpu-check runs with $(PYTHON)'s own environment: no venv, nothing downloaded.
+GPU_CHECK_ARGS ?=
 
 index_flag = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # Jupyter refuses to run as root (containers, cloud boxes) unless told it may.
@@ -39,7 +62,7 @@ NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
 .PHONY: help lab test test-widgets7 browser-test instructor lint format notebooks-clean \
-	exercises unit notebooks-test clean
+	exercises unit notebooks-test clean gpu-check test-torch-newest test-torch-oldest
 
 help: ## list the commands
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 20
@@ -60,6 +83,18 @@ $(W7_VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(W7_VENV)
 	$(W7_VENV)/bin/python -m pip install --quiet "torch==$(TEST_TORCH_VERSION)" $(index_flag)
 	$(W7_VENV)/bin/python -m pip install --quiet -r requirements.txt -e . $(W7_PINS)
+	touch $@
+
+$(NEWEST_VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PIP_ENV) $(NEWEST_VENV)/bin/python -m pip install --quiet "$(TORCH)" $(index_flag)
+	$(NEWEST_PIP_ENV) $(NEWEST_VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
+	touch $@
+
+$(OLDEST_VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(TORCH_OLDEST_VERSION)" $(index_flag)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
 	touch $@
 
 lab: $(VENV)/.installed ## install everything into .venv, then open the course in JupyterLab
@@ -87,8 +122,30 @@ browser-test: $(TEST_VENV)/.installed ## only the JupyterLab-in-Chromium tests (
 	bash tools/ensure_chromium.sh
 	$(TEST_VENV)/bin/python -m pytest tests/browser -v -p no:cacheprovider $(PYTEST_ARGS)
 
+# `make coverage`: where the line-coverage data goes (build/ is git-ignored).
+COVERAGE_DATA ?= build/.coverage
+
+.PHONY: coverage
+coverage: $(TEST_VENV)/.installed ## unit tests under coverage: the lines of helpers/ no CPU test runs, and why
+	mkdir -p $(dir $(COVERAGE_DATA))
+	COVERAGE_FILE=$(COVERAGE_DATA) $(TEST_VENV)/bin/python -m coverage run \
+		--source=helpers --omit='helpers/scripts/*' -m pytest tests --ignore=tests/browser \
+		--timeout=900 -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(TEST_VENV)/bin/python tools/coverage_map.py --data $(COVERAGE_DATA) --list tests/gpu_only_lines.md
+
 instructor: $(VENV)/.installed ## run every chapter on this machine: executed copies + HTML in executed/
 	$(VENV)/bin/python tools/run_all.py $(RUN_ALL_ARGS)
+
+test-torch-newest: $(NEWEST_VENV)/.installed ## every notebook with the newest torch release (what `make lab` gets a learner)
+	$(NEWEST_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(NEWEST_VENV)/bin/python tools/run_all.py $(LANE_ARGS) --out executed/torch-newest
+
+test-torch-oldest: $(OLDEST_VENV)/.installed ## every notebook with the oldest torch requirements.txt allows
+	$(OLDEST_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_OLDEST_VERSION)', v; print('torch', torch.__version__)"
+	$(OLDEST_VENV)/bin/python tools/run_all.py $(LANE_ARGS) --out executed/torch-oldest
+
+gpu-check: ## notebooks, unit tests, benchmarks, NCCL with python3's own packages (PYTHON=...): gpu-check/summary.md
+	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 lint: ## ruff on helpers, tests, tools, benchmarks and notebooks
 	$(VENV)/bin/ruff check $(LINT_DIRS)
@@ -105,4 +162,4 @@ exercises: ## regenerate exercises/ from solutions/
 	$(VENV)/bin/python tools/make_exercises.py
 
 clean: ## remove the virtual environments and caches
-	rm -rf $(VENV) $(TEST_VENV) $(W7_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TEST_VENV) $(W7_VENV) $(NEWEST_VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -50,8 +51,15 @@ def test_executes_writes_html_and_reports_failures(
     assert "FAILED: cell 1: ValueError: this notebook is broken on purpose" in summary
     assert "2 notebooks, 1 failed" in summary
     assert "chapter_template.html" in (out / "index.html").read_text()
+    data = json.loads((out / "results.json").read_text())
+    assert [(n["path"].endswith("broken.ipynb"), n["ok"]) for n in data["notebooks"]] == [
+        (False, True),
+        (True, False),
+    ]
+    assert "ValueError" in data["notebooks"][1]["error"] and "torch" in data["machine"]
     printed = capsys.readouterr().out
     assert "device" in printed and "FAILED" in printed
+    assert printed.rstrip().endswith("notebooks: 1 passed, 1 failed"), "the plain count line"
 
 
 def test_default_selection_is_the_chapters() -> None:
@@ -67,3 +75,22 @@ def test_bad_input_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         run_all.main(["--timeout", "0", str(TEMPLATE)])
     assert exc.value.code == 2
+
+
+def test_a_solution_whose_check_fails_fails_the_run(tmp_path: Path) -> None:
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("print('✅ Exercise 1: correct.')"),
+        nbformat.v4.new_code_cell("print('❌ Exercise 2: the 3-rank run failed.')"),
+    ]
+    nbformat.write(nb, folder / "99_demo_solutions.ipynb")
+    nbformat.write(nb, tmp_path / "99_demo_exercises.ipynb")  # not a solution: ❌ is expected
+    out = tmp_path / "executed"
+    paths = [str(folder / "99_demo_solutions.ipynb"), str(tmp_path / "99_demo_exercises.ipynb")]
+    assert run_all.main([*paths, "--out", str(out), "--no-html", "--device", "cpu"]) == 1
+    data = json.loads((out / "results.json").read_text())
+    solution, exercise = data["notebooks"]
+    assert not solution["ok"] and exercise["ok"]
+    assert "cell 1: a check of the solution failed: ❌ Exercise 2" in solution["error"]

@@ -8,14 +8,16 @@ Each notebook runs top to bottom in a fresh kernel of this Python, in its own fo
 JupyterLab). The executed copy (with outputs), an HTML export and the kernel's log go under
 `executed/` (git-ignored), mirroring the repository's layout, with `executed/index.html`
 linking them all. A table of per-notebook run times and failures is printed and saved as
-`executed/summary.md`. The exit status is 1 if any notebook failed; a failed notebook is
-still written, up to and including the failing cell, so you can see where it broke.
+`executed/summary.md` (and as `executed/results.json` for other tools). The exit status is 1 if any notebook failed; a failed notebook is
+still written, up to and including the failing cell, so you can see where it broke. A notebook
+in `solutions/` also fails if one of its checks printed ❌: a solution must pass its checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +28,6 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-from nbconvert import HTMLExporter
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = "notebooks/[0-9][0-9]_*.ipynb"
@@ -97,6 +98,17 @@ def first_error(nb: nbformat.NotebookNode) -> str:
     return ""
 
 
+def failed_check(nb: nbformat.NotebookNode) -> str:
+    """'cell N: <the line>' for the first ❌ a solutions notebook printed: its checks must pass."""
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            text = out.get("text") or out.get("data", {}).get("text/plain", "")
+            line = next((ln for ln in str(text).splitlines() if "❌" in ln), None)
+            if line:
+                return f"cell {i}: a check of the solution failed: {line.strip()[:300]}"
+    return ""
+
+
 def execute(path: Path, out_dir: Path, timeout: int, html_export: bool) -> Outcome:
     """Run one notebook in a fresh kernel; write the executed copy and its HTML export."""
     nb = nbformat.read(path, as_version=4)
@@ -124,9 +136,13 @@ def execute(path: Path, out_dir: Path, timeout: int, html_export: bool) -> Outco
         except Exception as exc:  # a broken kernel or notebook: report it, go on with the next
             error = f"{type(exc).__name__}: {exc}"
     seconds = time.perf_counter() - start
+    if not error and path.resolve().parent.name == "solutions":
+        error = failed_check(nb)
     nbformat.write(nb, target)
     outcome = Outcome(path, seconds, error)
     if html_export:
+        from nbconvert import HTMLExporter  # only here: --no-html runs without nbconvert
+
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
         outcome.html = target.with_suffix(".html")
         outcome.html.write_text(body, encoding="utf-8")
@@ -144,6 +160,23 @@ def summary_table(outcomes: list[Outcome], machine: str) -> str:
     failed = sum(not o.ok for o in outcomes)
     lines += ["", f"{len(outcomes)} notebooks, {failed} failed, {total:.0f} s in all."]
     return "\n".join(lines) + "\n"
+
+
+def results(outcomes: list[Outcome], machine: str) -> dict:
+    """The run as JSON-ready data: the machine, then one entry per notebook."""
+    return {
+        "machine": machine,
+        "notebooks": [
+            {"path": label(o.path), "ok": o.ok, "seconds": round(o.seconds, 2), "error": o.error}
+            for o in outcomes
+        ],
+    }
+
+
+def closing_line(outcomes: list[Outcome]) -> str:
+    """'notebooks: N passed, M failed': the plain count line CI logs are read for."""
+    failed = sum(not o.ok for o in outcomes)
+    return f"notebooks: {len(outcomes) - failed} passed, {failed} failed"
 
 
 def index_page(outcomes: list[Outcome], out_dir: Path, machine: str) -> str:
@@ -199,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     report = summary_table(outcomes, machine)
     (out_dir / "summary.md").write_text(report, encoding="utf-8")
     (out_dir / "index.html").write_text(index_page(outcomes, out_dir, machine), encoding="utf-8")
+    data = json.dumps(results(outcomes, machine), indent=1)
+    (out_dir / "results.json").write_text(data + "\n", encoding="utf-8")
     print()
     print(report)
     print(f"open {out_dir / 'index.html'} to browse the executed notebooks")
+    print(closing_line(outcomes), flush=True)
     return 1 if any(not o.ok for o in outcomes) else 0
 
 
