@@ -6,16 +6,18 @@
 
 For each model it prints one table: per precision and batch size, the median time of one Adam
 training step (forward, backward, optimizer; fp16 with a GradScaler), its spread, samples/s,
-the throughput relative to fp32 at the same batch size, and memory. The memory column is what
-the device can measure (see the printed meter): the allocator's exact peak on CUDA, sampled
-allocated memory on MPS, and on a CPU the exact bytes autograd saves for backward.
+the throughput relative to fp32 at the same batch size, and two memory columns (their meters
+are printed under each table): 'peak MiB', the step's peak over what is held between steps
+(the allocator's exact peak on CUDA, torch.profiler's memory events on a CPU, sampled on
+MPS), and 'saved MiB', the exact bytes autograd saves for backward, on every device.
 
 Models: the sources' 20-64-32-1 MLP (launch-bound: AMP should not help) and a matmul-bound MLP
 of `--depth` square layers of `--width` (where AMP can help, given hardware for it).
 Precisions the hardware has no fast path for (fp16 on most CPUs, bf16 on a T4 or a CPU without
 bf16 instructions) are skipped with the reason, unless --allow-slow.
 
-Version 1. When changing how this script measures, bump the version.
+Version 2 (v1's single memory column counted the previous step's gradients as held before
+the step). When changing how this script measures, bump the version.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import torch
 
 from helpers.devices import describe_device, pick_device
+from helpers.matmul import tf32_available
 from helpers.precision import (
     amp_for_device,
     default_batch_sizes,
@@ -34,7 +37,7 @@ from helpers.precision import (
     wide_mlp_sizes,
 )
 
-VERSION = 1
+VERSION = 2
 SOURCES_MLP = (20, 64, 32, 1)
 
 
@@ -76,7 +79,8 @@ def main() -> None:
         print(f"CPU bf16/fp16 flags torch sees: {', '.join(local_cpu_flags()) or 'none'}")
     print(f"AMP choice here: {choice}\n")
     low = choice.name if choice.enabled else ("bf16" if device.type == "cpu" else "fp16")
-    precisions = args.precisions or ["fp32", low]
+    # fp32 (TF32 off), TF32 where the GPU has it, and the 16-bit dtype (issue 15)
+    precisions = args.precisions or ["fp32", *["tf32"] * tf32_available(device), low]
     allow_slow = args.allow_slow or not choice.enabled  # where AMP is off, show why
     batch_sizes = args.batch_sizes or default_batch_sizes(device)
     models = [] if args.skip_small else [("sources' MLP (launch-bound)", SOURCES_MLP, (64, 256))]

@@ -9,9 +9,11 @@ Prints three tables:
    the process group being ready (torchrun imports torch, then every rank does and connects);
 2. a dead rank: how long torchrun takes to notice, stop the other ranks and exit non-zero;
 3. weak scaling: step time, samples/s and scaling efficiency for 1..max-procs ranks, one
-   thread per rank on CPU (medians over --repeats launches).
+   thread per rank on CPU (medians over --repeats launches; each launch measures every
+   process count, the first k ranks in a process group of their own).
 
-Timings, not tests: expect noise on a shared machine. Version 1.
+Timings, not tests: expect noise on a shared machine. Version 2 (version 1 launched once per
+process count).
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@
    for backward (the activation meter) and the time of a forward + backward step, for no
    checkpointing, every block, and pairs of blocks. Hugging Face quotes about 20% extra time
    for full checkpointing on a GPU. Expect pairs of blocks to cost about one extra forward
-   pass of the checkpointed blocks: a step is roughly three forward passes, so up to ~1.33x.
+   pass of the checkpointed blocks when the step is compute-bound (big matrices): a step is
+   roughly three forward passes, so up to ~1.33x (the H100 run: 1.39x at 4 x 4096, batch
+   2048). A small, launch-bound step pays for the extra ops and checkpoint()'s own
+   bookkeeping instead, and can take 2x or more (chapter 5 measures both). Read the IQR
+   column before the ratio: a ratio inside the spread is noise.
 2. Mixed precision: bytes saved for backward in fp32 and under autocast, and the step time.
 3. On CUDA: the time of a 64 MiB allocation from the cache, and right after empty_cache.
 
@@ -23,10 +27,10 @@ from torch import nn
 
 from helpers.activations import checkpointed_forward, measure_activation_bytes
 from helpers.devices import describe_device, dtype_name, native_bf16, pick_device
-from helpers.memory import format_bytes
 from helpers.memory_bill import make_mlp
 from helpers.tables import print_table
 from helpers.timing import benchmark
+from helpers.units import format_bytes
 
 VERSION = 1
 

@@ -2,7 +2,11 @@
 
 The notebooks show each technique in plain PyTorch; these modules only hide measuring,
 plotting and widget plumbing. One module per concern, listed by the chapter that
-introduces it:
+introduces it. The ground floor, which imports nothing from the course and which every other
+module may use (tests/test_helpers_layout.py keeps the imports free of cycles):
+
+- ``helpers.units``: ``MiB``, ``GiB``, ``format_bytes``, ``format_seconds``
+- ``helpers.validate``: ``positive_int``, ``positive_seconds`` (clear errors for bad sizes)
 
 Chapter 1, devices
 - ``helpers.devices``: choosing, checking and describing a device

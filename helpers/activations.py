@@ -22,9 +22,8 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
-from helpers.sweeps import positive_int
-
-MiB = 2**20
+from helpers.units import MiB
+from helpers.validate import positive_int
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from helpers.sweeps import positive_int
+from helpers.validate import positive_int
 
 
 def check_batch_size(batch_size: int, n_samples: int) -> int:

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
-from helpers.sweeps import positive_int
 from helpers.timing import benchmark
+from helpers.validate import positive_int
 
 FIX_NAMES = {
     "no_sync": "no per-step .item() + print",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.sweeps import positive_int
+from helpers.validate import positive_int
 
 
 def make_classification_data(

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from helpers.units import format_bytes
+
 #: Environment variable that forces a device, e.g. ``COURSE_DEVICE=cpu``.
 DEVICE_ENV = "COURSE_DEVICE"
 
@@ -154,6 +156,12 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     key = str(name).strip().lower().removeprefix("torch.")
+    if key in ("tf32", "tensorfloat32"):
+        raise DeviceError(
+            f"{name!r} is not a dtype: TF32 is how a GPU may compute fp32 matmuls (tensors stay "
+            f"torch.float32). Use 'fp32' and torch.backends.cuda.matmul.allow_tf32, or ask "
+            f"peak_flops(name, 'tf32') for its datasheet peak."
+        )
     if key not in _DTYPE_NAMES:
         raise DeviceError(
             f"Unknown dtype {name!r}. Use one of: {', '.join(sorted(set(_DTYPE_NAMES)))}."
@@ -199,39 +207,225 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-# Dense (no sparsity) datasheet peaks in TFLOP/s. Sources: NVIDIA datasheets for H100/H200,
-# A100, L40S, L4, A10, T4 and V100, and the NVIDIA Ampere GA102 and Ada AD102 architecture
-# whitepapers for the RTX 3090 / 4090 (tensor-core fp16/bf16 with fp32 accumulate).
-# Patterns are tried in order, so the more specific ones come first. Entries left out of a
-# dictionary are not fast on that GPU (a T4 has no native bf16 or tf32).
-_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    (r"H100.*PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    (r"H100.*NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
-    (r"\bG?H(100|200)\b", {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0, "fp16": 989.0}),
-    (r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    (r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
-    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
-    (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
-    (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
-    (r"V100.*PCIE", {"fp32": 14.0, "fp16": 112.0}),
-    (r"\bV100\b", {"fp32": 15.7, "fp16": 125.0}),
-    (r"RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
-    (r"RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
-]
+#: The precisions the peak table knows: three dtypes, and tf32 (fp32 matmuls on tensor cores).
+PEAK_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+
+#: What describe_device prints where no datasheet peak is known.
+UNKNOWN_PEAK = "unknown: measure the achievable rate (chapter 1)"
+
+
+@dataclass(frozen=True)
+class PeakRow:
+    """One GPU model: the name pattern it matches, its dense peaks in TFLOP/s, their source (chapter 1)."""
+
+    pattern: str
+    tflops: dict[str, float]
+    source: str
+
+
+def _row(
+    pattern: str,
+    fp32: float,
+    tf32: float | None,
+    bf16: float | None,
+    fp16: float | None,
+    source: str,
+) -> PeakRow:
+    """A PeakRow; None marks a precision this GPU has no fast path for (chapter 1)."""
+    peaks = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
+    return PeakRow(pattern, {k: v for k, v in peaks.items() if v is not None}, source)
+
+
+# Dense (no 2:4 sparsity) peaks in TFLOP/s from each vendor's datasheet or whitepaper; where a
+# datasheet gives only "with sparsity" tensor figures, they are halved. "fp32" is the plain
+# (non-tensor) rate; "tf32" / "bf16" / "fp16" are tensor-core matmuls. For GeForce cards the
+# fp16/bf16 figures are the "with FP32 accumulate" ones (what torch's matmuls use; NVIDIA's
+# headline "FP16 accumulate" figures are twice these); data-center and pro cards run both at
+# full rate. A GPU whose name matches no row gets None (never a neighbour's figures), and a
+# precision left out of a row (T4 bf16, tf32 before Ampere) gets None: it has no fast path.
+# Names are matched as torch.cuda.get_device_name() prints them, whitespace collapsed; every
+# pattern is written to match its own model only (tests/test_fake_gpu_peaks.py checks that
+# no real name matches two rows).
+_PEAK_TABLE: tuple[PeakRow, ...] = (
+    # NVIDIA Blackwell
+    _row(r"\bB200\b", 75.0, 1100.0, 2250.0, 2250.0, "NVIDIA HGX B200 datasheet, per GPU"),
+    _row(r"\bGB200\b", 80.0, 1250.0, 2500.0, 2500.0, "NVIDIA GB200 NVL72 datasheet, per GPU"),
+    _row(
+        r"GeForce RTX 5090$",
+        104.8,
+        104.8,
+        209.5,
+        209.5,
+        "NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 (FP32 accumulate)",
+    ),
+    # NVIDIA Hopper
+    _row(r"\bH100\b(?!.*\b(PCIe|NVL)\b)", 67.0, 494.0, 989.0, 989.0, "NVIDIA H100 datasheet, SXM"),
+    _row(r"\bH100\b.*\bPCIe\b", 51.0, 378.0, 756.0, 756.0, "NVIDIA H100 datasheet, PCIe"),
+    _row(r"\bH100 NVL\b", 60.0, 418.0, 835.0, 835.0, "NVIDIA H100 NVL datasheet"),
+    _row(r"\bH200\b(?!.*\bNVL\b)", 67.0, 494.0, 989.0, 989.0, "NVIDIA H200 datasheet, SXM"),
+    _row(r"\bH200 NVL\b", 60.0, 418.0, 835.0, 835.0, "NVIDIA H200 datasheet, NVL"),
+    _row(r"\bGH200\b", 67.0, 494.0, 989.0, 989.0, "NVIDIA GH200 Grace Hopper datasheet"),
+    _row(
+        r"\bH800\b(?!.*\bPCIe\b)",
+        67.0,
+        494.0,
+        989.0,
+        989.0,
+        "NVIDIA H800 datasheet, SXM (H100 SXM's tensor and fp32 rates; fp64 and NVLink cut)",
+    ),
+    _row(r"\bH800\b.*\bPCIe\b", 51.0, 378.0, 756.0, 756.0, "NVIDIA H800 datasheet, PCIe"),
+    _row(r"\bH20\b", 44.0, 74.0, 148.0, 148.0, "NVIDIA H20 product brief (dense figures)"),
+    # NVIDIA Ampere
+    _row(r"\bA100\b", 19.5, 156.0, 312.0, 312.0, "NVIDIA A100 datasheet (SXM4 and PCIe)"),
+    _row(
+        r"\bA800\b",
+        19.5,
+        156.0,
+        312.0,
+        312.0,
+        "NVIDIA A800 datasheet (A100's compute; NVLink cut to 400 GB/s)",
+    ),
+    _row(r"\bA30\b", 10.3, 82.0, 165.0, 165.0, "NVIDIA A30 datasheet"),
+    # "NVIDIA A10G" (AWS) has no NVIDIA datasheet and other tensor rates than the A10: no row.
+    _row(r"\bA10\b", 31.2, 62.5, 125.0, 125.0, "NVIDIA A10 datasheet"),
+    _row(r"\bA40\b", 37.4, 74.8, 149.7, 149.7, "NVIDIA A40 datasheet"),
+    _row(
+        r"\bRTX A6000\b",
+        38.7,
+        77.4,
+        154.8,
+        154.8,
+        "NVIDIA Ampere GA102 whitepaper, RTX A6000 (the datasheet's 309.7 is with sparsity)",
+    ),
+    _row(
+        r"GeForce RTX 3090$",
+        35.6,
+        35.6,
+        71.0,
+        71.0,
+        "NVIDIA Ampere GA102 whitepaper, RTX 3090 (FP32 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 3090 Ti$",
+        40.0,
+        40.0,
+        80.0,
+        80.0,
+        "NVIDIA RTX 3090 Ti specifications: 40 shader TFLOPS, 320 tensor TFLOPS (FP16 "
+        "accumulate, sparse) = 80 dense with FP32 accumulate",
+    ),
+    _row(
+        r"GeForce RTX 3080$",
+        29.8,
+        29.8,
+        59.5,
+        59.5,
+        "NVIDIA Ampere GA102 whitepaper, RTX 3080 10 GB (FP32 accumulate; the 12 GB model, "
+        "same name, has 70 SMs instead of 68: 3% more)",
+    ),
+    # NVIDIA Ada Lovelace
+    _row(r"\bL40S\b", 91.6, 183.0, 362.0, 362.0, "NVIDIA L40S datasheet"),
+    _row(r"\bL40\b", 90.5, 90.5, 181.0, 181.0, "NVIDIA L40 datasheet"),
+    _row(r"\bL4\b", 30.3, 60.0, 121.0, 121.0, "NVIDIA L4 datasheet"),
+    _row(
+        r"\bRTX 6000 Ada\b",
+        91.1,
+        182.1,
+        364.2,
+        364.2,
+        "NVIDIA Ada Lovelace whitepaper, RTX 6000 Ada",
+    ),
+    _row(
+        r"GeForce RTX 4090$",
+        82.6,
+        82.6,
+        165.2,
+        165.2,
+        "NVIDIA Ada Lovelace whitepaper, RTX 4090 (FP32 accumulate; 330.3 with FP16 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 4090 D$",
+        73.5,
+        73.5,
+        147.1,
+        147.1,
+        "NVIDIA RTX 4090 D specifications: 114 of the 4090's 128 SMs at the same clock "
+        "(73 shader TFLOPS, 1177 vs 1321 AI TOPS), so the 4090's figures x 114/128",
+    ),
+    _row(
+        r"GeForce RTX 4080$",
+        48.7,
+        48.7,
+        97.5,
+        97.5,
+        "NVIDIA Ada Lovelace whitepaper, RTX 4080 16 GB (FP32 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 4070$",
+        29.1,
+        29.1,
+        58.3,
+        58.3,
+        "NVIDIA RTX 4070 specifications: 29 shader TFLOPS, 466 AI TOPS (FP8, sparse) = 58.3 "
+        "fp16 dense with FP32 accumulate (46 SMs x 512 FLOP/clock x 2.475 GHz)",
+    ),
+    # NVIDIA Turing and Volta: no bf16, no tf32
+    _row(r"\bT4\b", 8.1, None, None, 65.0, "NVIDIA T4 datasheet"),
+    _row(r"\bV100-SXM2\b", 15.7, None, None, 125.0, "NVIDIA V100 datasheet, SXM2"),
+    _row(r"\bV100-PCIE\b", 14.0, None, None, 112.0, "NVIDIA V100 datasheet, PCIe"),
+    _row(r"\bV100S-PCIE\b", 16.4, None, None, 130.0, "NVIDIA V100S datasheet"),
+    # AMD Instinct, under ROCm (torch.cuda)
+    _row(
+        r"\bMI300X\b",
+        163.4,
+        653.7,
+        1307.4,
+        1307.4,
+        "AMD Instinct MI300X datasheet (dense; one torch device in the default SPX mode)",
+    ),
+    _row(
+        r"\bMI250X\b",
+        47.9,
+        None,
+        191.5,
+        191.5,
+        "AMD Instinct MI250X datasheet, halved: torch sees each of its two GCDs as one device "
+        "(fp32 is the matrix rate, 95.7 per module)",
+    ),
+)
+
+
+def peak_row(device_name: str) -> PeakRow | None:
+    """The peak-table row of a GPU name as torch prints it, or None if the table does not know it (chapter 1)."""
+    name = " ".join(str(device_name).split())
+    for row in _PEAK_TABLE:
+        if re.search(row.pattern, name, flags=re.IGNORECASE):
+            return row
+    return None
+
+
+def _peak_precision(dtype: str | torch.dtype, tf32: bool) -> str:
+    """'fp32', 'tf32', 'bf16', 'fp16' (or another dtype's short name) for the peak table (chapter 1)."""
+    if isinstance(dtype, str) and dtype.strip().lower() in ("tf32", "tensorfloat32"):
+        return "tf32"
+    key = dtype_name(parse_dtype(dtype))
+    return "tf32" if key == "fp32" and tf32 else key
 
 
 def peak_flops(
     device_name: str, dtype: str | torch.dtype = torch.float32, tf32: bool = False
 ) -> float | None:
-    """Datasheet dense peak FLOP/s of a known GPU for `dtype`, or None if unknown (chapter 1)."""
-    key = dtype_name(parse_dtype(dtype))
-    if key == "fp32" and tf32:
-        key = "tf32"
-    for pattern, peaks in _PEAK_TFLOPS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            tflops = peaks.get(key)
-            return None if tflops is None else tflops * 1e12
-    return None
+    """Datasheet dense peak FLOP/s of a known GPU for a dtype or 'tf32'; None if unknown or not fast (chapter 1)."""
+    key = _peak_precision(dtype, tf32)
+    row = peak_row(device_name)
+    if row is None or key not in row.tflops:
+        return None
+    return row.tflops[key] * 1e12
+
+
+#: ROCm architectures (gcnArchName prefixes) with bf16 matrix instructions: MI100, MI200,
+#: MI300, MI350, Radeon RX 7000 and 9000.
+_ROCM_BF16_ARCHS: tuple[str, ...] = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
 
 
 def native_bf16(device: str | torch.device) -> bool:
@@ -239,6 +433,11 @@ def native_bf16(device: str | torch.device) -> bool:
     device = torch.device(device)
     if device.type == "cuda":
         if is_rocm():
+            # torch.cuda.is_bf16_supported() is True on every ROCm GPU; the architecture says
+            # whether bf16 matrix instructions exist (MI100 and newer, RDNA3 and newer).
+            arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
+            if arch:
+                return arch.startswith(_ROCM_BF16_ARCHS)
             return torch.cuda.is_bf16_supported()
         return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type == "cpu":
@@ -270,9 +469,10 @@ class DeviceInfo:
 
     def rows(self) -> list[tuple[str, str]]:
         """The description as (field, value) pairs for printing (chapter 1)."""
-        from helpers.memory import format_bytes
-
-        peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items()) or "unknown"
+        peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items()) or UNKNOWN_PEAK
+        missing = [p for p in PEAK_PRECISIONS if self.peak_tflops and p not in self.peak_tflops]
+        if missing:
+            peaks += f" (no fast {', '.join(missing)})"
         return [
             ("device", self.device),
             ("kind", self.kind),
@@ -310,7 +510,7 @@ def describe_device(device: str | torch.device | None = None) -> DeviceInfo:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
-        peaks = {k: peak_flops(props.name, k) for k in ("fp32", "tf32", "bf16", "fp16")}
+        row = peak_row(props.name)
         return DeviceInfo(
             device=f"cuda:{index}",
             kind="rocm" if is_rocm() else "cuda",
@@ -321,7 +521,7 @@ def describe_device(device: str | torch.device | None = None) -> DeviceInfo:
             sm_count=props.multi_processor_count,
             bf16_reported=torch.cuda.is_bf16_supported(),
             bf16_native=native_bf16(device),
-            peak_tflops={k: v / 1e12 for k, v in peaks.items() if v is not None},
+            peak_tflops={} if row is None else dict(row.tflops),
         )
     if device.type == "mps":
         total = (

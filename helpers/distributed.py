@@ -37,7 +37,8 @@ import psutil
 import torch
 
 from helpers.scripts.common import BACKEND_ENV, BACKENDS, PG_FILE_ENV, READY_MARKER
-from helpers.sweeps import SweepResult, positive_int, run_sweep
+from helpers.sweeps import SweepResult
+from helpers.validate import positive_int, positive_seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -139,13 +140,20 @@ def check_backend(backend: str | None, nproc: int = 2) -> str:
     return name
 
 
-def check_nproc(nproc: Any, backend: str) -> int:
-    """`nproc` as an int between 1 and max_processes(backend), else a clear LaunchError (chapter 4)."""
+#: A tiny gloo job (an exercise check: ranks that mostly wait on each other) may start this many
+#: ranks on any machine, so that an answer is probed at an odd world size even on 2 cores.
+TINY_JOB_RANKS = 3
+
+
+def check_nproc(nproc: Any, backend: str, tiny_job: bool = False) -> int:
+    """`nproc` as an int between 1 and max_processes(backend) (TINY_JOB_RANKS for a tiny gloo job), else a LaunchError (chapter 4)."""
     try:
         n = positive_int(nproc, "nproc")
     except ValueError as exc:
         raise LaunchError(f"{exc} It is the number of processes (ranks) to start.") from None
     limit = max_processes(backend)
+    if tiny_job and backend == "gloo":
+        limit = max(limit, TINY_JOB_RANKS)
     if n > limit:
         why = (
             f"nccl needs one GPU per rank and torch sees {gpu_count()}"
@@ -157,15 +165,6 @@ def check_nproc(nproc: Any, backend: str) -> int:
             + (", or backend='gloo'." if backend == "nccl" else ".")
         )
     return n
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` right now, chosen by the OS (chapter 4)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def loopback_interface() -> str | None:
@@ -428,8 +427,10 @@ def _reader(stream: Any, lines: queue.Queue) -> None:
 
 def _check_limits(timeout: float, max_restarts: int) -> None:
     """Reject a launch timeout or restart count that cannot work (chapter 4)."""
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise LaunchError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    try:
+        positive_seconds(timeout, "timeout")
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise LaunchError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}.")
 
@@ -494,7 +495,9 @@ class _Family:
                 result.killed_pids = kill_tree(None, still) if still else []
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        result.returncode = proc.returncode
+        # psutil may have reaped torchrun while killing it; then Popen reads 0 and psutil has the code
+        reaped = getattr(self.root, "returncode", None)
+        result.returncode = reaped if proc.returncode == 0 and reaped else proc.returncode
         result.child_pids = sorted(self.seen)
         result.listening = sorted(self.listening)
 
@@ -548,11 +551,12 @@ def launch(
     echo: bool | Callable[[str], None] = True,
     check: bool = True,
     watch_sockets: bool = False,
+    tiny_job: bool = False,
 ) -> LaunchResult:
     """Run `script` under torchrun with `nproc` ranks as a subprocess: stream, time out, clean up (chapter 4)."""
     path = script_path(script)
     backend = check_backend(backend, nproc if isinstance(nproc, int) else 2)
-    nproc = check_nproc(nproc, backend)
+    nproc = check_nproc(nproc, backend, tiny_job)
     _check_limits(timeout, max_restarts)
     say = _printer(echo)
     rdzv_dir = Path(tempfile.mkdtemp(prefix="course_ch04_rdzv_"))
@@ -603,6 +607,48 @@ def read_results(out: str | Path, world_size: int | None = None) -> list[dict[st
 # --- scaling: throughput against the number of processes -----------------------------------
 
 
+@dataclass
+class ScalingResult(SweepResult):
+    """A scaling sweep's rows, and the one launch that measured them all (chapter 4)."""
+
+    startup_s: float = float("nan")
+    launch_s: float = float("nan")
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}\none launch of {max(self.column('processes'), default=0)} "
+            f"rank(s): {self.startup_s:.1f} s of start-up in {self.launch_s:.1f} s"
+        )
+
+
+def _scaling_launch(
+    sizes: Sequence[int], mode: str, backend: str | None, timeout: float, **size: Any
+) -> tuple[LaunchResult, list[dict[str, Any]]]:
+    """One launch of scaling.py that measures every process count in `sizes` (chapter 4)."""
+    threads = size.pop("threads", 1)
+    out = new_run_dir("scaling")
+    args = ["--out", out, "--mode", mode, "--sizes", ",".join(str(k) for k in sizes)]
+    args += [*as_flags(size), "--pg-timeout", timeout]  # ranks left out wait that long at most
+    res = launch("scaling", max(sizes), args, backend=backend, threads=threads, timeout=timeout)
+    runs = read_results(out)[0]["runs"]
+    shutil.rmtree(out, ignore_errors=True)
+    return res, runs
+
+
+def _scaling_row(res: LaunchResult, run: dict[str, Any]) -> dict[str, Any]:
+    """One table row of a scaling run (chapter 4)."""
+    return {
+        "processes": run["world_size"],
+        "mode": run["mode"],
+        "backend": res.backend,
+        "threads/rank": run["threads"],
+        "global batch": run["global_batch"],
+        "step ms": run["step_median_s"] * 1e3,
+        "step IQR ms": run["step_iqr_s"] * 1e3,
+        "samples/s": run["samples_per_s"],
+    }
+
+
 def scaling_point(
     nproc: int,
     *,
@@ -613,44 +659,34 @@ def scaling_point(
     threads: int = 1,
     mode: str = "ddp",
     timeout: float = 120.0,
-    echo: bool = False,
 ) -> dict[str, Any]:
-    """One launch of scaling.py: start-up, step time and throughput at `nproc` ranks, `threads` each (chapter 4)."""
-    out = new_run_dir(f"scaling{nproc}")
-    args = ["--out", out, "--per-rank-batch", per_rank_batch, "--width", width, "--steps", steps]
-    args += ["--mode", mode]
-    res = launch(
-        "scaling", nproc, args, backend=backend, threads=threads, timeout=timeout, echo=echo
-    )
-    r = read_results(out)[0]
-    shutil.rmtree(out, ignore_errors=True)
-    return {
-        "mode": mode,
-        "backend": res.backend,
-        "threads/rank": r["threads"],
-        "global batch": r["global_batch"],
-        "start-up s": res.seconds_until() or float("nan"),
-        "launch s": res.seconds,
-        "step ms": r["step_median_s"] * 1e3,
-        "step IQR ms": r["step_iqr_s"] * 1e3,
-        "samples/s": r["samples_per_s"],
-    }
+    """One launch of scaling.py: step time and throughput at `nproc` ranks, `threads` each (chapter 4)."""
+    size = {"per_rank_batch": per_rank_batch, "width": width, "steps": steps}
+    res, (run,) = _scaling_launch([nproc], mode, backend, timeout, threads=threads, **size)
+    return {**_scaling_row(res, run), "start-up s": res.seconds_until() or float("nan")}
 
 
-def measure_scaling(nprocs: Sequence[int] = (1, 2), **kwargs: Any) -> SweepResult:
-    """scaling_point for each process count, plus speed-up and scaling efficiency (chapter 4)."""
+def measure_scaling(
+    nprocs: Sequence[int] = (1, 2),
+    *,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    **size: Any,
+) -> ScalingResult:
+    """Every process count in `nprocs` in one launch, plus speed-up and scaling efficiency (chapter 4)."""
     nprocs = list(nprocs)
-    if kwargs.get("backend") is None and nprocs:  # one backend for the whole sweep
-        kwargs["backend"] = default_backend(max(nprocs))
-    result = run_sweep(
-        lambda n: scaling_point(n, **kwargs), nprocs, param="processes", progress=False
-    )
-    base_n, base = result.rows[0]["processes"], result.rows[0]["samples/s"]
-    for row in result.rows:
-        speedup = row["samples/s"] / base
-        row["speed-up"] = speedup
-        row["efficiency"] = speedup * base_n / row["processes"]
-    return result
+    if not nprocs or not all(isinstance(n, int) and not isinstance(n, bool) for n in nprocs):
+        raise ValueError(f"nprocs must be whole numbers of processes, e.g. (1, 2), got {nprocs!r}.")
+    backend = check_backend(backend, max(nprocs))  # one backend for the whole sweep
+    nprocs = [check_nproc(n, backend) for n in nprocs]
+    res, runs = _scaling_launch(nprocs, "ddp", backend, timeout * len(nprocs), **size)
+    rows = [_scaling_row(res, run) for run in runs]
+    base_n, base = rows[0]["processes"], rows[0]["samples/s"]
+    for row in rows:
+        row["speed-up"] = row["samples/s"] / base
+        row["efficiency"] = row["speed-up"] * base_n / row["processes"]
+    startup = res.seconds_until() or float("nan")
+    return ScalingResult("processes", rows, startup_s=startup, launch_s=res.seconds)
 
 
 def plot_scaling(result: SweepResult) -> Figure:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helpers.units import format_bytes
+
 
 @dataclass
 class GpuSample:
@@ -87,8 +89,6 @@ def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:
 
 def format_snapshot(snapshot: list[GpuSample] | NvmlUnavailable) -> str:
     """A small text table of an nvml_snapshot(), or its 'unavailable: ...' line (chapter 1)."""
-    from helpers.memory import format_bytes
-
     if isinstance(snapshot, NvmlUnavailable):
         return f"NVML {snapshot}"
     if not snapshot:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from helpers.devices import resolve_device, synchronize
-from helpers.sweeps import positive_int
+from helpers.validate import positive_int
 
 ADAM_IMPLS = ("for-loop", "foreach", "fused")
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +25,15 @@ from helpers.devices import (
     available_devices,
     check_dtype,
     dtype_name,
+    is_rocm,
     parse_dtype,
     peak_flops,
     resolve_device,
     synchronize,
 )
-from helpers.sweeps import SweepResult, positive_int, run_sweep
+from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
+from helpers.validate import positive_int, positive_seconds
 
 #: The sizes the widget offers: powers of two from 16 to 16384.
 SIZE_CHOICES: list[int] = [2**k for k in range(4, 15)]
@@ -38,8 +41,50 @@ SIZE_CHOICES: list[int] = [2**k for k in range(4, 15)]
 #: The size a sweep first calibrates on when it starts big, to predict how long a call takes.
 _PROBE_N = 256
 
-#: The dtypes the widget offers, by their short names.
+#: What a sweep says where the datasheet table has no figure for the device and dtype.
+SWEEP_UNKNOWN_PEAK = (
+    "unknown (no datasheet figure for this device and dtype: the best GFLOP/s of a sweep up "
+    "to large n is its achievable rate)"
+)
+
+#: The dtypes the widget offers, by their short names ("tf32" joins them where it exists).
 DTYPE_CHOICES: list[str] = ["fp32", "bf16", "fp16", "fp64"]
+
+
+def tf32_available(device: str | torch.device | None = None) -> bool:
+    """Whether `device` has TF32 tensor cores: an NVIDIA GPU of compute capability 8.0+ (chapter 1)."""
+    device = resolve_device(device)
+    if device.type != "cuda" or is_rocm():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def dtype_choices(device: str | torch.device | None = None) -> list[str]:
+    """The sweep's precisions on `device`: DTYPE_CHOICES, with "tf32" after fp32 where it exists (chapter 1)."""
+    return DTYPE_CHOICES[:1] + ["tf32"] * tf32_available(device) + DTYPE_CHOICES[1:]
+
+
+@contextmanager
+def tf32_matmuls(enabled: bool) -> Iterator[None]:
+    """Inside the block fp32 matmuls run as TF32 (enabled) or as true fp32; restored after (chapter 1)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _precision(device: torch.device, dtype: str | torch.dtype) -> tuple[torch.dtype, bool]:
+    """(tensor dtype, TF32 on?) for a sweep's `dtype`, which may be "tf32" where it exists (chapter 1)."""
+    if isinstance(dtype, str) and dtype.strip().lower() in ("tf32", "tensorfloat32"):
+        if not tf32_available(device):
+            raise DeviceError(
+                f"TF32 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere+); "
+                f"{device} has none. Use 'fp32' here. Devices here: {', '.join(available_devices())}."
+            )
+        return torch.float32, True
+    return check_dtype(device, dtype), False
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
@@ -67,12 +112,16 @@ def default_size_range(device: str | torch.device | None = None) -> tuple[int, i
 def matmul_peak_flops(
     device: str | torch.device | None, dtype: str | torch.dtype = "fp32"
 ) -> float | None:
-    """Datasheet peak FLOP/s of `device` for a `dtype` matmul (TF32 if enabled), None if unknown (chapter 1)."""
-    device, dtype = resolve_device(device), parse_dtype(dtype)
+    """Datasheet peak FLOP/s of `device` for a `dtype` (or "tf32") matmul, TF32 if enabled; None if unknown (chapter 1)."""
+    device = resolve_device(device)
     if device.type != "cuda":
-        return None  # the datasheet table covers NVIDIA GPUs only
+        return None  # the datasheet table covers NVIDIA and AMD GPUs only
+    name = torch.cuda.get_device_name(device)
+    if isinstance(dtype, str) and dtype.strip().lower() in ("tf32", "tensorfloat32"):
+        return peak_flops(name, "tf32")
+    dtype = parse_dtype(dtype)
     tf32 = dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
-    return peak_flops(torch.cuda.get_device_name(device), dtype, tf32=tf32)
+    return peak_flops(name, dtype, tf32=tf32)
 
 
 @dataclass
@@ -83,19 +132,18 @@ class MatmulSweep(SweepResult):
     device: str = "cpu"
     peak: float | None = None
     skipped: list[str] = field(default_factory=list)
+    compares_devices: bool = False
+
+    def best(self) -> dict[str, Any] | None:
+        """The row with the most GFLOP/s, None if nothing was measured (chapter 1)."""
+        return max(self.rows, key=lambda row: row.get("GFLOP/s", 0.0), default=None)
 
     def __str__(self) -> str:
-        peak = "unknown" if self.peak is None else f"{self.peak / 1e9:,.0f} GFLOP/s (datasheet)"
-        lines = [f"{self.dtype} matmul on {self.device}; peak {peak}", super().__str__()]
+        peak = f"{self.peak / 1e9:,.0f} GFLOP/s (datasheet)" if self.peak else SWEEP_UNKNOWN_PEAK
+        title = f"{self.dtype} matmul on {self.device}"
+        lines = [title if self.compares_devices else f"{title}; peak {peak}", super().__str__()]
         lines += [f"skipped {note}" for note in self.skipped]
         return "\n".join(lines)
-
-
-def _positive_seconds(value: Any, name: str) -> float:
-    """`value` as a float > 0, or a ValueError naming `name` (chapter 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
-    return float(value)
 
 
 def _sizes(sizes: Sequence[int] | None, size_range: tuple[int, int] | None) -> list[int]:
@@ -116,6 +164,15 @@ def _sizes(sizes: Sequence[int] | None, size_range: tuple[int, int] | None) -> l
     return sizes
 
 
+def _one_call_seconds(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> float:
+    """One synced call: a guard against minute-long calls, not a measurement (chapter 1)."""
+    synchronize(device)
+    start = time.perf_counter()
+    torch.matmul(a, b)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 def run_matmul_sweep(
     sizes: Sequence[int] | None = None,
     dtype: str | torch.dtype = "fp32",
@@ -128,47 +185,41 @@ def run_matmul_sweep(
 ) -> MatmulSweep:
     """Median time, GFLOP/s and % of datasheet peak of an n x n matmul for each size n (chapter 1)."""
     size_list = _sizes(sizes, size_range)
-    min_run_time = _positive_seconds(min_run_time, "min_run_time")
-    max_call_seconds = _positive_seconds(max_call_seconds, "max_call_seconds")
+    min_run_time = positive_seconds(min_run_time, "min_run_time")
+    max_call_seconds = positive_seconds(max_call_seconds, "max_call_seconds")
     device = resolve_device(device)
-    dtype = check_dtype(device, dtype)
-    peak = matmul_peak_flops(device, dtype)
+    dtype, tf32 = _precision(device, dtype)
+    label = "tf32" if tf32 else dtype_name(dtype)
+    with tf32_matmuls(tf32):  # "fp32" means true fp32 here, whatever the global setting
+        peak = matmul_peak_flops(device, dtype)
     last: dict[str, float] = {}  # the last measured size and its time, to predict the next
 
     def inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two random n x n matrices made directly on the device (chapter 1)."""
-        return (
-            torch.randn(n, n, device=device, dtype=dtype),
-            torch.randn(n, n, device=device, dtype=dtype),
+        return torch.randn(n, n, device=device, dtype=dtype), torch.randn(
+            n, n, device=device, dtype=dtype
         )
-
-    def one_call_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
-        """One synced call: a guard against minute-long calls, not a measurement (chapter 1)."""
-        synchronize(device)
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        return time.perf_counter() - start
 
     def measure(n: int) -> dict[str, Any]:
         if not last and n > _PROBE_N:  # calibrate the prediction on a small size first
             small = inputs(_PROBE_N)
-            one_call_seconds(*small)  # warm-up
-            last.update(n=_PROBE_N, seconds=one_call_seconds(*small))
+            _one_call_seconds(*small, device)  # warm-up
+            last.update(n=_PROBE_N, seconds=_one_call_seconds(*small, device))
         if last and last["seconds"] * (n / last["n"]) ** 3 > max_call_seconds:
             guess = last["seconds"] * (n / last["n"]) ** 3
             return {"skipped": f"(one call would take about {guess:.2g} s, scaling n^3)"}
         a, b = inputs(n)
-        first_call = one_call_seconds(a, b)
+        first_call = _one_call_seconds(a, b, device)
+        if first_call > max_call_seconds:  # a first call may include one-time library set-up
+            first_call = min(first_call, _one_call_seconds(a, b, device))
         if first_call > max_call_seconds:
             last.update(n=n, seconds=first_call)
-            return {"skipped": f"(its first call took {first_call:.2g} s)"}
+            return {"skipped": f"(its first two calls took {first_call:.2g} s or more)"}
         bench = benchmark(
             torch.matmul,
             a,
             b,
             device=device,
-            label=f"{dtype_name(dtype)} matmul n={n}",
+            label=f"{label} matmul n={n}",
             warmup=1,
             min_run_time=min_run_time,
         )
@@ -183,17 +234,64 @@ def run_matmul_sweep(
             row["% of peak"] = 100 * flops / peak
         return row
 
-    swept = run_sweep(measure, size_list, param="n", progress=progress)
+    with tf32_matmuls(tf32):
+        swept = run_sweep(measure, size_list, param="n", progress=progress)
     result = MatmulSweep(
-        param="n", stopped=swept.stopped, dtype=dtype_name(dtype), device=str(device), peak=peak
+        param="n", stopped=swept.stopped, dtype=label, device=str(device), peak=peak
     )
-    for row in swept.rows:
-        if "skipped" in row:
-            result.skipped.append(
-                f"n={row['n']}: over the {max_call_seconds:g} s per call budget {row['skipped']}"
-            )
-        else:
-            result.rows.append(row)
+    budget = f"over the {max_call_seconds:g} s per call budget"
+    result.rows = [row for row in swept.rows if "skipped" not in row]
+    result.skipped = [f"n={r['n']}: {budget} {r['skipped']}" for r in swept.rows if "skipped" in r]
+    return result
+
+
+#: Shapes (m, k, n) of the short achievable-rate search, by device type: square sizes near
+#: the top of the sweep and a wide and a deep one (MAMF finders search m, k, n the same way).
+MAMF_SHAPES: dict[str, list[tuple[int, int, int]]] = {
+    "cuda": [(4096, 4096, 4096), (6144, 6144, 6144), (8192, 8192, 8192), (8192, 4096, 8192)],
+    "xpu": [(4096, 4096, 4096), (8192, 8192, 8192)],
+    "mps": [(2048, 2048, 2048), (4096, 4096, 4096)],
+    "cpu": [(512, 512, 512), (1024, 1024, 1024), (1024, 2048, 1024)],
+}
+
+
+def achievable_rate(
+    dtype: str | torch.dtype = "fp32",
+    device: str | torch.device | None = None,
+    shapes: Sequence[tuple[int, int, int]] | None = None,
+    *,
+    min_run_time: float = 0.1,
+) -> MatmulSweep:
+    """A short MAMF search: GFLOP/s of (m x k) @ (k x n) per shape; .best() is the achievable rate (chapter 1)."""
+    device = resolve_device(device)
+    dtype, tf32 = _precision(device, dtype)
+    shape_list = list(shapes or MAMF_SHAPES.get(device.type, MAMF_SHAPES["cpu"]))
+    for shape in shape_list:
+        if not isinstance(shape, (tuple, list)) or len(shape) != 3:
+            raise ValueError(f"Each shape must be (m, k, n), got {shape!r}.")
+    min_run_time = positive_seconds(min_run_time, "min_run_time")
+
+    def measure(shape: tuple[int, int, int]) -> dict[str, Any]:
+        m, k, n = shape
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        bench = benchmark(torch.matmul, a, b, device=device, warmup=3, min_run_time=min_run_time)
+        return {"GFLOP/s": bench.rate(matmul_flops(m, k, n)) / 1e9, "IQR (%)": 100 * bench.spread}
+
+    with tf32_matmuls(tf32):
+        peak = matmul_peak_flops(device, dtype)
+        swept = run_sweep(measure, [tuple(s) for s in shape_list], param="m, k, n", progress=False)
+    result = MatmulSweep(
+        param="m, k, n",
+        rows=swept.rows,
+        stopped=swept.stopped,
+        dtype="tf32" if tf32 else dtype_name(dtype),
+        device=str(device),
+        peak=peak,
+    )
+    if peak is not None:
+        for row in result.rows:
+            row["% of peak"] = 100 * row["GFLOP/s"] * 1e9 / peak
     return result
 
 
@@ -241,6 +339,7 @@ def combine_speedup(cpu: MatmulSweep, accel: MatmulSweep) -> MatmulSweep:
         dtype=accel.dtype,
         device=f"{cpu.device} vs {accel.device}",
         peak=None,
+        compares_devices=True,
         skipped=[f"on {cpu.device}: {s}" for s in cpu.skipped]
         + [f"on {accel.device}: {s}" for s in accel.skipped],
     )
@@ -309,6 +408,6 @@ def matmul_controls(device: str | torch.device | None = None) -> dict[str, Any]:
         "size_range": widgets.SelectionRangeSlider(
             options=SIZE_CHOICES, value=default_size_range(device), description="n from, to"
         ),
-        "dtype": widgets.Dropdown(options=DTYPE_CHOICES, value="fp32", description="dtype"),
+        "dtype": widgets.Dropdown(options=dtype_choices(device), value="fp32", description="dtype"),
         "device": widgets.Dropdown(options=choices, value=here, description="device"),
     }

@@ -24,10 +24,11 @@ from torch import nn
 
 from helpers.activations import measure_activation_bytes
 from helpers.devices import resolve_device
-from helpers.memory import format_bytes
-from helpers.memory_bill import _autocast_dtype, estimate_training_memory
-from helpers.sweeps import free_cached_memory, is_out_of_memory, positive_int
+from helpers.memory_bill import autocast_dtype, estimate_training_memory
+from helpers.sweeps import free_cached_memory, is_out_of_memory
 from helpers.tables import format_table
+from helpers.units import format_bytes
+from helpers.validate import positive_int
 
 #: What a "fits" function may return: a bool, or (bool, a short explanation).
 FitsResult = bool | tuple[bool, str]
@@ -186,7 +187,7 @@ def budget_fits(
     budget = _check_budget(budget_bytes)
     if method not in ("meter", "estimate"):
         raise ValueError(f"method must be 'meter' or 'estimate', got {method!r}.")
-    amp = _autocast_dtype(precision)
+    amp = autocast_dtype(precision)
     base = estimate_training_memory(model, 1, sample_shape, optimizer=optimizer, activation_bytes=0)
     fixed = base.total
     shape = tuple(sample_shape)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -12,18 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers.devices import resolve_device, synchronize
-
-
-def format_bytes(n: float) -> str:
-    """20971520 -> '20.00 MiB' (binary units, sign kept) (chapter 1)."""
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n):
-        raise ValueError(f"format_bytes needs a finite number of bytes, got {n!r}.")
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"
+from helpers.units import format_bytes
 
 
 def process_rss() -> int:
@@ -55,14 +43,6 @@ def memory_readout(device: str | torch.device | None = None) -> dict[str, int]:
             "peak allocated": torch.xpu.max_memory_allocated(device),
         }
     return {"process RSS (whole process, not just tensors)": process_rss()}
-
-
-def print_memory(device: str | torch.device | None = None) -> None:
-    """Print memory_readout(device) as an aligned table (chapter 1)."""
-    readout = memory_readout(device)
-    width = max(len(k) for k in readout)
-    for key, value in readout.items():
-        print(f"{key:<{width}}  {format_bytes(value)}")
 
 
 @dataclass

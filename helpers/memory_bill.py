@@ -28,16 +28,15 @@ from helpers.activations import (
     unique_storage_bytes,
 )
 from helpers.devices import dtype_name, parse_dtype, resolve_device
-from helpers.sweeps import SweepResult, positive_int, run_sweep
-
-MiB = 2**20
-GiB = 2**30
+from helpers.memory import track_peak
+from helpers.precision import PRECISIONS
+from helpers.sweeps import SweepResult, run_sweep
+from helpers.tables import format_table
+from helpers.units import GiB, MiB
+from helpers.validate import positive_int
 
 #: CUDA context: "0.5-1.8 GiB on A100, depending on version and lazy loading" (stas00/ml-engineering).
 CUDA_CONTEXT_RANGE = (GiB // 2, int(1.8 * GiB))
-CUDA_CONTEXT_SOURCE = (
-    "stas00/ml-engineering: 0.5-1.8 GiB on an A100, by CUDA version and lazy loading"
-)
 
 #: Optimizer-state copies of each parameter, by optimizer name.
 OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "sgd-momentum": 1, "sgd": 0}
@@ -83,7 +82,7 @@ def optimizer_kind(optimizer: str | torch.optim.Optimizer) -> str:
     return key
 
 
-def _autocast_dtype(precision: str | torch.dtype | None) -> torch.dtype | None:
+def autocast_dtype(precision: str | torch.dtype | None) -> torch.dtype | None:
     """None/'fp32' -> None (no autocast); 'bf16'/'fp16' or a dtype -> that dtype (chapter 5)."""
     if precision is None:
         return None
@@ -141,8 +140,6 @@ class MemoryBill:
         return rows
 
     def __str__(self) -> str:
-        from helpers.tables import format_table
-
         return f"{self.label}\n{format_table(self.rows())}"
 
     def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
@@ -170,7 +167,7 @@ def estimate_training_memory(
     params = _trainable(model)
     batch_size = positive_int(batch_size, "batch_size")
     kind = optimizer_kind(optimizer)
-    amp = _autocast_dtype(precision)
+    amp = autocast_dtype(precision)
     trainable = [p for p in params if p.requires_grad]
     param_bytes = unique_storage_bytes(params)
     grad_bytes = unique_storage_bytes(trainable)
@@ -219,7 +216,7 @@ def measure_training_memory(
     meter saw: every tensor saved for backward, autocast weight copies included.
     """
     params = _trainable(model)
-    amp = _autocast_dtype(precision)
+    amp = autocast_dtype(precision)
     optimizer.zero_grad(set_to_none=True)
     with ActivationMeter(model) as meter, autocast_context(x.device.type, amp):
         out = checkpointed_forward(model, x, checkpoint_every) if checkpoint_every else model(x)
@@ -252,9 +249,6 @@ def make_mlp(
     return nn.Sequential(*blocks, nn.Linear(width, n_out)).to(resolve_device(device))
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
 @dataclass
 class BillSweep:
     """Measured and predicted bills over batch sizes, with the settings that made them (chapter 5)."""
@@ -284,7 +278,9 @@ def bill_sweep(
 
     Measured = the real parameter, gradient and Adam-state bytes after one step plus the
     meter's activation bytes at each batch size; on CUDA also max_memory_allocated over a
-    full training step. Checkpointing runs pairs of blocks under checkpoint().
+    full training step, the phase it peaked in, and the temporaries of optimizer.step()
+    (its peak above the memory held when it started). Checkpointing runs pairs of blocks
+    under checkpoint().
     """
     device = resolve_device(device)
     max_batch, points = positive_int(max_batch, "max_batch"), positive_int(points, "points")
@@ -295,7 +291,7 @@ def bill_sweep(
         if width is not None
         else (1024 if device.type == "cpu" else 4096)
     )
-    amp, every = _autocast_dtype(precision), (2 if checkpointing else 0)
+    amp, every = autocast_dtype(precision), (2 if checkpointing else 0)
     cuda = device.type == "cuda"
     baseline = torch.cuda.memory_allocated(device) if cuda else 0
     model = make_mlp(width, depth, device=device)
@@ -322,9 +318,12 @@ def bill_sweep(
             "measured activations MiB": saved / MiB,
         }
         if cuda:
-            row["CUDA peak MiB"] = (
-                _cuda_step_peak(model, opt, loss_fn, x, y, amp, every) - baseline
-            ) / MiB
+            phases = cuda_step_phases(model, opt, loss_fn, x, y, amp, every)
+            top = max(phases, key=lambda k: phases[k][1])
+            row["CUDA peak MiB"] = (phases[top][1] - baseline) / MiB
+            row["peak during"] = top
+            start, peak = phases["optimizer.step()"]
+            row["step temporaries MiB"] = (peak - start) / MiB
         return row
 
     result = run_sweep(measure, batches, param="batch", progress=progress)
@@ -334,30 +333,39 @@ def bill_sweep(
         "depth": depth,
         "precision": precision,
         "checkpointing": checkpointing,
+        "parameters MiB": round(fixed.parameters / MiB, 2),
     }
     return BillSweep(result, settings)
 
 
-def _cuda_step_peak(
+def cuda_step_phases(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     x: torch.Tensor,
     y: torch.Tensor,
-    amp: torch.dtype | None,
-    every: int,
-) -> int:
-    """max_memory_allocated over one full training step on CUDA (chapter 5)."""
-    from helpers.memory import track_peak
-
-    with track_peak(x.device) as peak:
-        opt.zero_grad(set_to_none=True)
-        with autocast_context("cuda", amp):
+    amp: torch.dtype | None = None,
+    every: int = 0,
+    device: str | torch.device | None = None,
+) -> dict[str, tuple[int, int]]:
+    """(memory_allocated at the start, max_memory_allocated) of forward, backward and optimizer.step() on CUDA (chapter 5)."""
+    where = resolve_device(device) if device is not None else x.device
+    phases: dict[str, tuple[int, int]] = {}
+    opt.zero_grad(set_to_none=True)
+    with track_peak(where) as peak:
+        with autocast_context(x.device.type, amp):
             out = checkpointed_forward(model, x, every) if every else model(x)
             loss = loss_fn(out, y)
+    phases["forward"] = (peak.start, peak.peak)
+    del out
+    with track_peak(where) as peak:
         loss.backward()
+    phases["backward"] = (peak.start, peak.peak)
+    del loss
+    with track_peak(where) as peak:
         opt.step()
-    return peak.peak
+    phases["optimizer.step()"] = (peak.start, peak.peak)
+    return phases
 
 
 def plot_bill_sweep(result: BillSweep) -> Figure:

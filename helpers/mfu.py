@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.devices import dtype_name, parse_dtype, peak_flops, resolve_device
-from helpers.sweeps import positive_int
-from helpers.timing import benchmark, format_seconds
+from helpers.devices import dtype_name, native_bf16, parse_dtype, peak_flops, resolve_device
+from helpers.matmul import achievable_rate
+from helpers.timing import benchmark
+from helpers.units import format_seconds
 
 
 def _positive(value: object, name: str, unit: str) -> float:
@@ -58,16 +59,12 @@ def mfu(flops: float, seconds: float, peak: float) -> float:
     return flops / seconds / peak
 
 
-def matmul_rate(
-    device: str | torch.device, n: int, dtype: str | torch.dtype = torch.float32
-) -> float:
-    """Measured FLOP/s of an n x n @ n x n matmul on `device` (2 n^3 FLOPs per call) (chapter 6)."""
-    n = positive_int(n, "n")
-    device, dtype = resolve_device(device), parse_dtype(dtype)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    result = benchmark(torch.matmul, a, b, device=device, warmup=2, min_run_time=0.1, min_repeats=3)
-    return result.rate(2 * n**3)
+def mfu_precision(device: str | torch.device) -> torch.dtype:
+    """bf16 on a CUDA or ROCm GPU with native bf16 (which has a datasheet bf16 peak), else fp32 (chapter 6)."""
+    device = resolve_device(device)
+    if device.type == "cuda" and native_bf16(device):
+        return torch.bfloat16
+    return torch.float32
 
 
 @dataclass
@@ -85,12 +82,10 @@ class Peak:
 def reference_peak(
     device: str | torch.device,
     dtype: str | torch.dtype = torch.float32,
-    sizes: Sequence[int] = (512, 1024, 2048),
+    shapes: Sequence[tuple[int, int, int]] | None = None,
 ) -> Peak:
-    """Datasheet peak where helpers.devices knows the GPU, else the best matmul rate measured here (chapter 6)."""
+    """Datasheet peak where helpers.devices knows the GPU, else achievable_peak, measured here (chapter 6)."""
     device, dtype = resolve_device(device), parse_dtype(dtype)
-    if not sizes:
-        raise ValueError("sizes must name at least one matrix size to measure, e.g. (1024, 2048).")
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         tf32 = dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
@@ -98,13 +93,7 @@ def reference_peak(
         if known is not None:
             kind = "tf32" if tf32 else dtype_name(dtype)
             return Peak(known, f"datasheet dense {kind} peak of {name}", measured=False)
-    rates = {n: matmul_rate(device, n, dtype) for n in sizes}
-    best = max(rates, key=rates.get)
-    return Peak(
-        rates[best],
-        f"best {dtype_name(dtype)} matmul measured here (n={best}); no datasheet peak known",
-        measured=True,
-    )
+    return achievable_peak(device, dtype, shapes)
 
 
 @dataclass
@@ -114,6 +103,7 @@ class MfuResult:
     flops: int
     seconds: float
     peak: Peak
+    achievable: Peak | None = None
 
     @property
     def achieved(self) -> float:
@@ -125,11 +115,27 @@ class MfuResult:
         """The fraction of the peak reached (chapter 6)."""
         return mfu(self.flops, self.seconds, self.peak.flops)
 
+    @property
+    def of_achievable(self) -> float | None:
+        """The fraction of the measured achievable matmul rate reached, if one was given (chapter 6)."""
+        if self.achievable is None:
+            return None
+        return mfu(self.flops, self.seconds, self.achievable.flops)
+
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.flops / 1e9:.3g} GFLOP per step in {format_seconds(self.seconds)} = "
             f"{self.achieved / 1e9:.4g} GFLOP/s, MFU {self.mfu:.1%} of {self.peak}"
         )
+        if self.achievable is not None:
+            text += f"\n{self.of_achievable:.1%} of the achievable rate, {self.achievable}"
+        if self.mfu > 1:
+            text += "\nMFU above 100%: the reference is wrong, not the step. " + (
+                "It was measured under load or with too few sizes: measure it again."
+                if self.peak.measured
+                else "Check the peak for this GPU and dtype (is TF32 or another dtype in use?)."
+            )
+        return text
 
     def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
         p.text(str(self))
@@ -141,6 +147,7 @@ def measure_mfu(
     peak: Peak | None = None,
     min_run_time: float = 0.5,
     flops: int | None = None,
+    achievable: Peak | None = None,
 ) -> MfuResult:
     """Count one step's FLOPs (unless given), time it with helpers.timing.benchmark, compare with `peak` (chapter 6)."""
     device = resolve_device(device)
@@ -151,4 +158,29 @@ def measure_mfu(
             "attention only, so a step without them has no MFU."
         )
     seconds = benchmark(step, device=device, warmup=1, min_run_time=min_run_time, min_repeats=3)
-    return MfuResult(flops, seconds.median, peak or reference_peak(device))
+    return MfuResult(flops, seconds.median, peak or reference_peak(device), achievable)
+
+
+def achievable_peak(
+    device: str | torch.device,
+    dtype: str | torch.dtype = torch.float32,
+    shapes: Sequence[tuple[int, int, int]] | None = None,
+) -> Peak:
+    """The best matmul rate of a short MAMF search here (chapter 1's), as a reference for MFU (chapter 6)."""
+    device, dtype = resolve_device(device), parse_dtype(dtype)
+    if shapes is not None and not shapes:
+        raise ValueError(
+            "shapes must name at least one (m, k, n) to measure, e.g. [(1024, 1024, 1024)]."
+        )
+    search = achievable_rate(dtype, device, shapes)
+    best = search.best()
+    if best is None:
+        raise RuntimeError(
+            f"No matmul shape could be measured on {device} ({search.stopped}): "
+            "MFU has no achievable reference here."
+        )
+    return Peak(
+        best["GFLOP/s"] * 1e9,
+        f"best {search.dtype} matmul measured here, (m, k, n) = {best['m, k, n']}",
+        measured=True,
+    )

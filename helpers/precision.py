@@ -19,13 +19,17 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from helpers.devices import DeviceError, describe_device, dtype_name, parse_dtype, resolve_device
+from helpers.matmul import tf32_available, tf32_matmuls
 from helpers.memory import track_peak
-from helpers.sweeps import SweepResult, positive_int, run_sweep
+from helpers.sweeps import SweepResult, run_sweep
 from helpers.tables import format_table
 from helpers.timing import benchmark
+from helpers.validate import positive_int
 
 #: The precisions a training step can run in: plain fp32 (AMP off) or autocast to bf16 / fp16.
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: The sweep also takes "tf32": fp32 tensors, matmuls on TF32 tensor cores (NVIDIA 8.0+ only).
+SWEEP_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 #: CPU feature flags (as in /proc/cpuinfo) that mean bf16 / fp16 arithmetic in hardware.
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -473,14 +477,54 @@ def saved_activation_bytes(
 
 
 def memory_meter(device: str | torch.device) -> str:
-    """What measure_amp_step's memory column means on this kind of device (chapter 3)."""
+    """What measure_amp_step's 'peak MiB' column means on this kind of device (chapter 3)."""
     kind = torch.device(device).type
+    what = (
+        "peak during one step over the memory held before it (parameters, optimizer state, batch)"
+    )
     if kind == "cuda":
-        return "allocator peak during one step over the memory before it (exact)"
+        return f"{what}: torch.cuda.max_memory_allocated, exact"
     if kind == "mps":
-        return "MPS allocated memory, sampled every ms during one step (approximate)"
-    why = "CPU has no allocator peak counter" if kind == "cpu" else "not an allocator peak"
-    return f"bytes autograd saved for backward (activations and cast weights, exact); {why}"
+        return f"{what}: MPS allocated memory sampled every ms, approximate"
+    if kind == "cpu":
+        return f"{what}: every CPU allocation and free recorded by torch.profiler, exact"
+    return f"not measured on {kind}: no peak meter for this device kind here"
+
+
+#: What the 'saved MiB' column means: the same exact meter on every device.
+SAVED_METER = (
+    "bytes autograd saved for backward in one forward (activations and 16-bit weight copies); "
+    "exact, the same meter on every device"
+)
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
+    """Peak of CPU allocations minus frees while fn() runs, from torch.profiler's memory events (chapter 3)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # The memory events themselves: the public events() list folds them into the ops.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    current = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            current += e.nbytes()  # > 0 for an allocation, < 0 for a free
+            peak = max(peak, current)
+    return peak
+
+
+def step_peak_bytes(fn: Callable[[], object], device: str | torch.device) -> float:
+    """Peak bytes allocated on `device` while fn() runs, over what was allocated before; memory_meter says how (chapter 3)."""
+    device = resolve_device(device)
+    if device.type in ("cuda", "mps"):
+        with track_peak(device) as peak:
+            fn()
+        return float(peak.increase)
+    if device.type == "cpu":
+        return float(_cpu_peak_bytes(fn))
+    fn()
+    return math.nan
 
 
 @dataclass
@@ -521,16 +565,28 @@ def _make_step(
     return _Step(model, x, y, dtype, opt, scaler, device)
 
 
-def _step_memory(step: _Step) -> int:
-    """Bytes one training step needs, measured with memory_meter(step.device) (chapter 3)."""
-    if step.device.type not in ("cuda", "mps"):
-        params = list(step.model.parameters())
-        nbytes, loss = saved_activation_bytes(step.forward, exclude=params)
-        del loss
-        return nbytes
-    with track_peak(step.device) as peak:
-        step()
-    return peak.increase
+def _step_memory(step: _Step) -> tuple[float, int]:
+    """(peak bytes of one step over what is held between steps, bytes saved for backward) (chapter 3)."""
+    params = list(step.model.parameters())
+    saved, loss = saved_activation_bytes(step.forward, exclude=params)
+    del loss
+    # The previous step's gradients live until the next zero_grad: drop them first, so that
+    # "held before the step" is what a training loop holds between steps.
+    step.opt.zero_grad(set_to_none=True)
+    return step_peak_bytes(step, step.device), saved
+
+
+def is_tf32(precision: str | torch.dtype) -> bool:
+    """Whether a sweep precision names TF32 ('tf32', 'tensorfloat32'): fp32 with TF32 matmuls (chapter 3)."""
+    return isinstance(precision, str) and precision.strip().lower() in ("tf32", "tensorfloat32")
+
+
+def sweep_precisions(device: str | torch.device | None = None) -> list[str]:
+    """fp32 (TF32 off), TF32 where it exists, and the device's AMP dtype: the sweep's rows (chapter 3)."""
+    device = resolve_device(device)
+    low = amp_for_device(device).dtype
+    rows = ["fp32"] + ["tf32"] * tf32_available(device)
+    return rows + ([dtype_name(low)] if low != torch.float32 else [])
 
 
 def measure_amp_step(
@@ -543,18 +599,22 @@ def measure_amp_step(
 ) -> dict[str, Any]:
     """Time one Adam training step of make_mlp(sizes) at a precision; throughput and memory (chapter 3)."""
     device = resolve_device(device)
-    dtype = check_autocast(device, precision)
+    tf32 = is_tf32(precision)
+    if tf32 and not tf32_available(device):
+        raise PrecisionError(f"TF32 needs an NVIDIA GPU of compute capability 8.0+; not {device}.")
+    dtype = torch.float32 if tf32 else check_autocast(device, precision)
     batch_size = positive_int(batch_size, "batch_size")
     step = _make_step(sizes, batch_size, dtype, device, seed)
-    timing = benchmark(
-        step, device=device, warmup=2, min_run_time=min_run_time, label=dtype_name(dtype)
-    )
-    memory = _step_memory(step)
+    label = "tf32" if tf32 else dtype_name(dtype)
+    with tf32_matmuls(tf32):  # "fp32" is true fp32 here, whatever the global setting
+        timing = benchmark(step, device=device, warmup=2, min_run_time=min_run_time, label=label)
+        peak, saved = _step_memory(step)
     return {
         "ms/step": timing.median * 1e3,
         "spread %": 100 * timing.spread,
         "samples/s": timing.rate(batch_size),
-        "memory MiB": memory / 2**20,
+        "peak MiB": peak / 2**20,
+        "saved MiB": saved / 2**20,
     }
 
 
@@ -600,7 +660,8 @@ class AmpSweep:
             f"(stopped early for {p}: {r.stopped})" for p, r in self.results.items() if r.stopped
         ]
         lines += [f"skipped {p}: {why}" for p, why in self.skipped.items()]
-        lines.append(f"memory MiB = {self.meter}")
+        lines.append(f"peak MiB = {self.meter}")
+        lines.append(f"saved MiB = {SAVED_METER}")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
@@ -620,11 +681,12 @@ def run_amp_sweep(
 ) -> AmpSweep:
     """Measure a training step per precision x batch size; skip (and say why) what cannot run usefully (chapter 3)."""
     device = resolve_device(device)
-    precisions = [dtype_name(parse_precision(p)) for p in precisions]
+    precisions = ["tf32" if is_tf32(p) else dtype_name(parse_precision(p)) for p in precisions]
     if not precisions:
-        raise ValueError("Pick at least one precision: 'fp32', 'bf16' or 'fp16'.")
+        raise ValueError("Pick at least one precision: 'fp32', 'tf32', 'bf16' or 'fp16'.")
     batch_sizes = [
-        positive_int(b, "batch size") for b in (batch_sizes or default_batch_sizes(device))
+        positive_int(b, "batch size")
+        for b in (default_batch_sizes(device) if batch_sizes is None else batch_sizes)
     ]
     if not batch_sizes:
         raise ValueError("Pick at least one batch size.")
@@ -632,7 +694,13 @@ def run_amp_sweep(
     sweep = AmpSweep(device=str(device), sizes=sizes, meter=memory_meter(device))
     for precision in dict.fromkeys(precisions):
         try:
-            amp_for_device(device, prefer=precision, allow_slow=allow_slow)
+            if precision == "tf32" and not tf32_available(device):
+                raise PrecisionError(
+                    f"TF32 exists only on NVIDIA GPUs of compute capability 8.0+ (Ampere and "
+                    f"newer); {describe_device(device).name} has none"
+                )
+            if precision != "tf32":
+                amp_for_device(device, prefer=precision, allow_slow=allow_slow)
         except PrecisionError as exc:
             sweep.skipped[precision] = str(exc)
             continue
@@ -655,16 +723,24 @@ def plot_amp_sweep(sweep: AmpSweep) -> Figure:
             continue
         x = result.column("batch size")
         ax_rate.plot(x, result.column("samples/s"), marker="o", label=precision)
-        ax_mem.plot(x, result.column("memory MiB"), marker="o", label=precision)
-    for ax, ylabel in ((ax_rate, "samples / s (higher is better)"), (ax_mem, "memory MiB")):
+        line = ax_mem.plot(x, result.column("peak MiB"), marker="o", label=f"{precision} peak")
+        ax_mem.plot(
+            x,
+            result.column("saved MiB"),
+            marker="x",
+            ls="--",
+            color=line[0].get_color(),
+            label=f"{precision} saved for backward",
+        )
+    for ax, ylabel in ((ax_rate, "samples / s (higher is better)"), (ax_mem, "MiB")):
         ax.set_xscale("log", base=2)
         ax.set(xlabel="batch size", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         if sweep.results:
             ax.legend()
     ax_rate.set_title(f"training step, MLP {'-'.join(map(str, sweep.sizes))}", fontsize=10)
-    meter = sweep.meter if len(sweep.meter) < 60 else sweep.meter.split(" (")[0].split(";")[0]
-    ax_mem.set_title(f"memory: {meter}", fontsize=9)
+    how = sweep.meter.rsplit(": ", 1)[-1]
+    ax_mem.set_title(f"memory per step: peak ({how}) and saved for backward", fontsize=9)
     if sweep.skipped:
         fig.suptitle(
             "skipped: " + ", ".join(sweep.skipped) + " (see the printed reason)", fontsize=9
@@ -684,10 +760,11 @@ def amp_controls(
     device = torch.device(device)
     batch_choices = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
     widths = (256, 512, 1024, 2048, 4096, 8192)
-    chosen = tuple(dtype_name(parse_precision(p)) for p in precisions)
+    chosen = tuple("tf32" if is_tf32(p) else dtype_name(parse_precision(p)) for p in precisions)
+    options = [p for p in SWEEP_PRECISIONS if p != "tf32" or tf32_available(device)]
     return {
         "precisions": widgets.SelectMultiple(
-            options=list(PRECISIONS), value=chosen, description="precisions", rows=3
+            options=options, value=chosen, description="precisions", rows=len(options)
         ),
         "batch_sizes": widgets.SelectMultiple(
             options=list(batch_choices),

@@ -23,15 +23,6 @@ _OOM_MESSAGES = (
 )
 
 
-def positive_int(value: Any, name: str) -> int:
-    """`value` as an int if it is a whole number > 0, else a ValueError naming `name` (chapter 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"{name} must be a whole number > 0, got {value!r}.")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}. Use a positive size.")
-    return int(value)
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch.OutOfMemoryError, MemoryError and the CPU allocator's failure (chapter 1)."""
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(

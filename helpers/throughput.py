@@ -21,8 +21,9 @@ from helpers.loops import (
     make_mlp,
     torch_threads,
 )
-from helpers.sweeps import SweepResult, positive_int, run_sweep
+from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
+from helpers.validate import positive_int
 
 FEEDING = ("resident", "DataLoader")
 

@@ -9,7 +9,6 @@ times blocks of calls with CUDA events. Either way the result is a
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,16 +17,8 @@ import torch
 from torch.utils import benchmark as tbench
 
 from helpers.devices import resolve_device, synchronize
-
-
-def format_seconds(seconds: float) -> str:
-    """1.5e-05 -> '15.0 µs', picking ns/µs/ms/s (chapter 1)."""
-    if not math.isfinite(seconds):
-        return str(seconds)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}" if unit != "s" else f"{seconds:.3g} s"
-    return f"{seconds / 1e-9:.3g} ns"
+from helpers.units import format_seconds
+from helpers.validate import positive_seconds
 
 
 @dataclass
@@ -82,10 +73,7 @@ def _check_timing_args(warmup: int, min_run_time: float, min_repeats: int) -> No
     """Reject arguments that cannot give a measurement (chapter 1)."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}.")
-    if not isinstance(min_run_time, (int, float)) or not min_run_time > 0:
-        raise ValueError(
-            f"min_run_time must be a positive number of seconds, got {min_run_time!r}."
-        )
+    positive_seconds(min_run_time, "min_run_time")
     if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 1:
         raise ValueError(f"min_repeats must be a whole number >= 1, got {min_repeats!r}.")
 
@@ -141,8 +129,13 @@ def benchmark(
     def call() -> object:
         return fn(*args, **kwargs)
 
-    for _ in range(warmup):
-        call()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # warm up at the thread count that will be timed
+    try:
+        for _ in range(warmup):
+            call()
+    finally:
+        torch.set_num_threads(before)
     synchronize(device)
     if device.type == "cuda":
         m = _cuda_measurement(call, device, min_run_time, min_repeats, label)

@@ -12,3 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - returns the factory below
+    """A factory that makes torch report a GPU without one: fake_gpu("t4") (tests/fake_gpu.py)."""
+    from fake_gpu import FakeGpu, install
+
+    def make(kind: str = "h100_sxm", *, count: int = 1, name: str | None = None) -> FakeGpu:
+        monkeypatch.delenv("COURSE_DEVICE", raising=False)
+        return install(monkeypatch, kind, count=count, name=name)
+
+    return make

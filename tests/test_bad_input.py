@@ -10,8 +10,9 @@ import torch
 from helpers.data import make_classification_data
 from helpers.devices import DeviceError, check_dtype, describe_device, parse_dtype, resolve_device
 from helpers.memory import format_bytes, memory_readout
-from helpers.sweeps import positive_int, run_sweep
+from helpers.sweeps import run_sweep
 from helpers.timing import benchmark
+from helpers.validate import positive_int
 
 NO_CUDA = not torch.cuda.is_available()
 NO_MPS = not torch.backends.mps.is_available()

@@ -115,3 +115,25 @@ def test_native_bf16_on_cpu_is_a_bool() -> None:
 def test_dtype_name() -> None:
     assert devices.dtype_name(torch.bfloat16) == "bf16"
     assert devices.dtype_name(torch.int8) == "int8"
+
+
+def test_device_info_pretty_prints_as_its_table() -> None:
+    info = devices.describe_device("cpu")
+
+    class Printer:
+        text_parts: list[str] = []
+
+        def text(self, s: str) -> None:
+            self.text_parts.append(s)
+
+    p = Printer()
+    info._repr_pretty_(p, False)
+    assert p.text_parts == [str(info)]
+
+
+def test_check_dtype_explains_a_device_that_cannot_compute() -> None:
+    # the meta device holds no data, so .item() fails the way a missing kernel does on a GPU
+    with pytest.raises(
+        DeviceError, match=r"meta cannot compute in fp32 here \(.*\)\. Choose another"
+    ):
+        devices.check_dtype("meta", "fp32")

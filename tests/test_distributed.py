@@ -110,6 +110,13 @@ def test_too_many_processes_names_the_limit() -> None:
     assert d.check_nproc(limit, "gloo") == limit
 
 
+def test_a_tiny_gloo_job_may_start_three_ranks_anywhere() -> None:
+    top = max(d.max_processes("gloo"), d.TINY_JOB_RANKS)
+    assert d.check_nproc(d.TINY_JOB_RANKS, "gloo", tiny_job=True) == d.TINY_JOB_RANKS
+    with pytest.raises(d.LaunchError, match=rf"nproc <= {top}"):
+        d.check_nproc(top + 1, "gloo", tiny_job=True)
+
+
 @pytest.mark.skipif(d.gpu_count() > 0, reason="needs a machine without GPUs")
 def test_nccl_without_gpus_is_refused() -> None:
     with pytest.raises(d.LaunchError, match="needs CUDA"):
@@ -117,14 +124,9 @@ def test_nccl_without_gpus_is_refused() -> None:
     assert d.default_backend(2) == "gloo"
 
 
-def test_free_port_and_loopback() -> None:
-    import socket
-
-    port = d.free_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # really free
-    cmd = d.torchrun_command("x.py", 2, ["--a", 1], rdzv_endpoint=f"127.0.0.1:{port}")
-    assert f"--rdzv-endpoint=127.0.0.1:{port}" in cmd and cmd[-3:] == ["x.py", "--a", "1"]
+def test_tcp_rendezvous_command_and_loopback() -> None:
+    cmd = d.torchrun_command("x.py", 2, ["--a", 1], rdzv_endpoint="127.0.0.1:29500")
+    assert "--rdzv-endpoint=127.0.0.1:29500" in cmd and cmd[-3:] == ["x.py", "--a", "1"]
     env = d.worker_env("gloo", 2)
     assert env[d.BACKEND_ENV] == "gloo" and int(env["OMP_NUM_THREADS"]) >= 1
     if d.loopback_interface():
@@ -293,18 +295,53 @@ def test_ddp_train(tmp_path: Path) -> None:
         assert acc["every_step"]["allreduce_calls"] == accum * acc["no_sync"]["allreduce_calls"]
 
 
-def test_fsdp_matches_ddp_with_half_the_bytes(tmp_path: Path) -> None:
-    res = launch("fsdp_vs_ddp", ["--out", tmp_path, "--width", 64, "--steps", 3])
+@pytest.fixture(scope="module")
+def fsdp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("fsdp")
+    res = launch("fsdp_vs_ddp", ["--out", out, "--width", 64, "--steps", 3])
     assert res.ok
-    r0, r1 = d.read_results(tmp_path, 2)
+    return d.read_results(out, 2)
+
+
+def test_fsdp_matches_ddp_with_half_the_bytes(fsdp_results: list[dict]) -> None:
+    r0, r1 = fsdp_results
     assert torch.allclose(r0["ddp"]["final"], r0["fsdp"]["final"], atol=1e-6)
     assert r1["ddp"]["final"] is None, "only rank 0 reports the full weights"
-    for r in d.read_results(tmp_path, 2):
+    for r in fsdp_results:
         assert torch.allclose(torch.tensor(r["ddp"]["losses"]), torch.tensor(r["fsdp"]["losses"]))
         for name, full, mine in r["fsdp"]["shapes"]:
             assert mine[0] <= (full[0] + 1) // 2 and mine[1:] == full[1:], name
         ddp_b, fsdp_b = sum(r["ddp"]["held_bytes"].values()), sum(r["fsdp"]["held_bytes"].values())
         assert fsdp_b <= ddp_b / 2 + 4 * 64 * 4
+
+
+def test_ddp_sends_the_same_bytes_with_any_optimizer(fsdp_results: list[dict]) -> None:
+    """Erratum 4: the optimizer's state size never changes what DDP all-reduces; a hook does."""
+    runs = fsdp_results[0]["communication"]
+    by = {(r["optimizer"], r["hook"]): r for r in runs}
+    n = runs[0]["parameters"]
+    assert n == sum(64 * 64 + 64 for _ in range(3)) + 64 + 1
+    for other in fsdp_results[1:]:
+        assert [r["sent per step"] for r in other["communication"]] == [
+            r["sent per step"] for r in runs
+        ]
+    for key in [("Adam", "none"), ("SGD", "none"), ("Adam", "fp16"), ("Adam", "bf16")]:
+        assert by[key]["error"] is None, by[key]["error"]  # gloo runs both 16-bit hooks
+        assert len(by[key]["sent per step"]) == 2  # --comm-steps defaults to 2
+    assert by[("Adam", "none")]["sent per step"] == [4 * n, 4 * n]
+    assert by[("SGD", "none")]["sent per step"] == [4 * n, 4 * n]
+    for hook in ("fp16", "bf16"):
+        assert by[("Adam", hook)]["sent per step"] == [2 * n, 2 * n]
+        assert by[("Adam", hook)]["grads exact in wire dtype"]
+    assert by[("SGD", "none")]["state bytes"] == 0
+    assert by[("Adam", "none")]["state bytes"] >= 8 * n
+    eight = by[("8-bit Adam", "none")]
+    if eight["error"] is None:  # bitsandbytes or torchao is installed and runs here
+        assert eight["sent per step"] == [4 * n, 4 * n]
+        assert eight["state bytes"] < by[("Adam", "none")]["state bytes"] / 2
+    else:
+        assert "no 8-bit optimizer" in eight["error"] and "state bytes" not in eight
+    assert 2 * n < eight["computed 8-bit state bytes"] < 3 * n
 
 
 def test_dead_rank_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
@@ -353,6 +390,7 @@ def test_launch_timeout_kills_torchrun_and_workers(tmp_path: Path) -> None:
     res = launch("elastic_train", args, timeout=25, check=False)
     assert res.timed_out and not res.ok and "timeout" in res.message
     assert res.killed_pids and d.alive_pids(res.killed_pids + res.child_pids) == []
+    assert res.returncode not in (0, None), "a killed torchrun did not exit cleanly"
 
 
 def test_interrupt_kills_everything(tmp_path: Path) -> None:
@@ -409,10 +447,48 @@ def test_scaling_widget_runs_and_plots() -> None:
     assert result is not None, "the Run button failed; see the widget output"
     assert result.column("processes") == [1, 2]
     assert result.rows[0]["efficiency"] == pytest.approx(1.0)
-    assert all(r["samples/s"] > 0 and r["start-up s"] > 0 for r in result.rows)
+    assert all(r["samples/s"] > 0 for r in result.rows)
+    assert 0 < result.startup_s < result.launch_s  # one launch measured both sizes
+    assert "one launch of 2 rank(s)" in str(result)
     assert isinstance(d.plot_scaling(result), Figure)
     with pytest.raises(ValueError, match="max_processes"):
         d.run_scaling(max_processes=0)
+
+
+def test_scaling_point_is_one_launch_of_one_size() -> None:
+    row = d.scaling_point(1, backend="gloo", per_rank_batch=8, width=16, steps=2)
+    assert row["processes"] == 1 and row["global batch"] == 8 and row["mode"] == "ddp"
+    assert row["threads/rank"] == 1 and row["samples/s"] > 0 and row["start-up s"] > 0
+
+
+@pytest.mark.parametrize("nprocs", [(), (1, "2"), (1, True)])
+def test_measure_scaling_needs_whole_numbers(nprocs: tuple) -> None:
+    with pytest.raises(ValueError, match="nprocs must be whole numbers"):
+        d.measure_scaling(nprocs)
+
+
+def test_measure_scaling_refuses_more_ranks_than_allowed() -> None:
+    too_many = d.max_processes("gloo") + 1
+    with pytest.raises(d.LaunchError, match=f"nproc={too_many} is more than"):
+        d.measure_scaling((1, too_many), backend="gloo")
+
+
+def test_scaling_script_sizes() -> None:
+    from helpers.scripts.scaling import parse_sizes
+
+    assert parse_sizes(None, 4) == [4] and parse_sizes("1,2,4", 4) == [1, 2, 4]
+    for bad in ("0,2", "1,5"):
+        with pytest.raises(SystemExit, match="between 1 and 4 ranks"):
+            parse_sizes(bad, 4)
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now, chosen by the OS."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # --- the Slurm example -------------------------------------------------------------------------
@@ -456,7 +532,7 @@ def test_slurm_script_runs_with_stand_ins(tmp_path: Path) -> None:
         "NPROC_PER_NODE": "2",
         "MAX_RESTARTS": "1",
         "RDZV_HOST": "127.0.0.1",
-        "RDZV_PORT": str(d.free_port()),
+        "RDZV_PORT": str(free_tcp_port()),
         "OUT_DIR": str(tmp_path / "out"),
         "OMP_NUM_THREADS": "1",
         d.BACKEND_ENV: "gloo",
@@ -472,3 +548,68 @@ def test_slurm_script_runs_with_stand_ins(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (r0,) = d.read_results(tmp_path / "out")
     assert r0["attempt"] == 1 and r0["resumed_from"] == 4
+
+
+# --- teardown: the order that cannot deadlock on torch < 2.8 ------------------------------------
+
+
+def test_teardown_holds_the_barrier_work_until_the_group_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch < 2.8 destroys a gloo group holding the GIL; a gloo thread that then dropped the
+    last reference to a collective's tensors would need the GIL too, and both would wait for
+    ever. teardown keeps the barrier's work (which holds those tensors) alive in the calling
+    thread until destroy_process_group has returned, so it is released there, with the GIL."""
+    import torch.distributed as dist
+
+    from helpers.scripts import common
+
+    order: list[str] = []
+
+    class Work:
+        def wait(self) -> bool:
+            order.append("wait")
+            return True
+
+        def __del__(self) -> None:
+            order.append("released")
+
+    def barrier(async_op: bool = False) -> Work | None:
+        order.append(f"barrier(async_op={async_op})")
+        return Work() if async_op else None
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", barrier)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: order.append("destroy"))
+    common.teardown()
+    assert order == ["barrier(async_op=True)", "wait", "destroy", "released"]
+
+
+def test_one_rank_world_is_left_even_when_its_barrier_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torch.distributed as dist
+
+    from helpers.checks import ch04
+
+    def broken_teardown() -> None:
+        raise RuntimeError("Timed out waiting 5000ms for recv operation to complete")
+
+    monkeypatch.setattr(ch04, "teardown", broken_teardown)
+    with ch04._one_rank_world(tmp_path):
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    assert not dist.is_initialized(), "the next check must be able to start its own group"
+
+
+def test_exit_now_flushes_and_ends_the_process_with_code_0() -> None:
+    code = "from helpers.scripts.common import exit_now; print('saved', end=''); exit_now(); print('never')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "saved"
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS | {"exercise_check"}))
+def test_every_script_ends_with_exit_now(name: str) -> None:
+    text = d.script_path(name).read_text()
+    assert text.rstrip().endswith(
+        "main()\n    exit_now()  # skip the slow interpreter shutdown: see common.exit_now"
+    )

@@ -179,3 +179,31 @@ def test_widget_button_runs_and_plots() -> None:
     assert calls == [(32, True, "fp32")]
     assert isinstance(box.last_result, BillSweep)
     assert box.last_result.sweep.column("batch") == [16, 32]
+
+
+def test_cuda_step_phases_reads_each_phase_peak(fake_gpu) -> None:
+    """The CUDA branch of the sweep, on a fake H100: each phase's peak and where it started."""
+    from helpers.memory_bill import cuda_step_phases
+
+    gpu = fake_gpu("h100_sxm")
+    gpu.allocate(1000 * MiB)  # what the process holds before the step
+    model = make_mlp(32, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_with_temporaries() -> None:  # a parameter-sized buffer, as foreach Adam makes
+        gpu.allocate(300 * MiB)  # (a real step asks the fake GPU for its stream: not here)
+        gpu.free(300 * MiB)
+
+    opt.step = step_with_temporaries
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        gpu.allocate(50 * MiB)  # the forward's activations, alive until backward
+        return nn.functional.cross_entropy(out, y)
+
+    x, y = torch.randn(4, 32), torch.randint(0, 10, (4,))
+    phases = cuda_step_phases(model, opt, loss_fn, x, y, device="cuda")
+    assert list(phases) == ["forward", "backward", "optimizer.step()"]
+    assert phases["forward"] == (1000 * MiB, 1050 * MiB)
+    start, peak = phases["optimizer.step()"]
+    assert start == 1050 * MiB and peak - start == 300 * MiB
+    assert all(p.grad is not None for p in model.parameters())  # backward really ran

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 import helpers.mfu as mfu_module
+from helpers.matmul import MatmulSweep
 from helpers.mfu import (
     MfuResult,
     Peak,
     count_flops,
     flops_by_op,
-    matmul_rate,
     measure_mfu,
     mfu,
     reference_peak,
@@ -93,19 +93,25 @@ def test_zero_time_mfu_result_raises_clearly() -> None:
         _ = result.mfu
 
 
-def test_matmul_rate_is_positive_and_checks_n() -> None:
-    assert matmul_rate("cpu", 64) > 0
-    with pytest.raises(ValueError, match="n must be"):
-        matmul_rate("cpu", 0)
+def search_result(rates: dict[int, float]) -> MatmulSweep:
+    """What achievable_rate returns for square shapes n -> GFLOP/s."""
+    rows = [{"m, k, n": (n, n, n), "GFLOP/s": r / 1e9} for n, r in rates.items()]
+    return MatmulSweep(param="m, k, n", rows=rows, dtype="fp32", device="cpu")
+
+
+def test_achievable_peak_measures_the_shapes_asked_and_checks_them() -> None:
+    assert mfu_module.achievable_peak("cpu", shapes=[(64, 64, 64)]).flops > 0
+    with pytest.raises(ValueError, match=r"Each shape must be \(m, k, n\)"):
+        mfu_module.achievable_peak("cpu", shapes=[(64, 64)])
 
 
 def test_reference_peak_on_cpu_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     rates = {32: 1e9, 64: 3e9}
-    monkeypatch.setattr(mfu_module, "matmul_rate", lambda device, n, dtype: rates[n])
-    peak = reference_peak("cpu", sizes=(32, 64))
-    assert peak.measured and peak.flops == 3e9 and "n=64" in peak.source
-    with pytest.raises(ValueError, match="at least one matrix size"):
-        reference_peak("cpu", sizes=())
+    monkeypatch.setattr(mfu_module, "achievable_rate", lambda d, dev, s: search_result(rates))
+    peak = reference_peak("cpu", shapes=[(32, 32, 32), (64, 64, 64)])
+    assert peak.measured and peak.flops == 3e9 and "(m, k, n) = (64, 64, 64)" in peak.source
+    with pytest.raises(ValueError, match="at least one"):
+        reference_peak("cpu", shapes=())
 
 
 def test_measure_mfu_end_to_end() -> None:
@@ -129,3 +135,52 @@ def test_measure_mfu_with_given_flops_does_not_count() -> None:
     assert result.flops == 1000 and len(calls) >= 4  # warm-up + at least 3 timed calls
     with pytest.raises(ValueError, match="counted no FLOPs"):
         measure_mfu(lambda: None, "cpu", Peak(1e9, "test", True), flops=0)
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_mfu_above_100_percent_says_the_reference_is_wrong(measured: bool) -> None:
+    result = MfuResult(flops=2_000_000_000, seconds=1.0, peak=Peak(1e9, "test", measured))
+    assert result.mfu == pytest.approx(2.0)
+    text = str(result)
+    assert "MFU 200.0%" in text and "the reference is wrong, not the step" in text
+    assert ("measure it again" in text) == measured
+
+
+def test_mfu_below_100_percent_has_no_warning() -> None:
+    assert "wrong" not in str(MfuResult(flops=10**9, seconds=2.0, peak=Peak(1e9, "test", True)))
+
+
+def test_mfu_result_against_the_achievable_rate_too() -> None:
+    result = MfuResult(
+        flops=600_000_000_000,
+        seconds=1e-3,
+        peak=Peak(989e12, "datasheet dense bf16 peak", False),
+        achievable=Peak(800e12, "best bf16 matmul measured here", True),
+    )
+    assert result.mfu == pytest.approx(600 / 989)
+    assert result.of_achievable == pytest.approx(0.75)
+    text = str(result)
+    assert "MFU 60.7% of 989 TFLOP/s (datasheet" in text
+    assert "75.0% of the achievable rate, 800 TFLOP/s (best bf16 matmul" in text
+    assert MfuResult(1, 1.0, Peak(1.0, "x", True)).of_achievable is None
+
+
+def test_measure_mfu_passes_the_achievable_rate_on() -> None:
+    step, _ = mlp_step()
+    best = Peak(2e12, "best", True)
+    result = measure_mfu(step, "cpu", Peak(4e12, "peak", False), min_run_time=0.02, achievable=best)
+    assert result.achievable is best
+    assert result.of_achievable == pytest.approx(2 * result.mfu)
+
+
+def test_achievable_peak_is_the_best_shape_of_the_mamf_search() -> None:
+    peak = mfu_module.achievable_peak("cpu", torch.float32)
+    assert peak.measured and peak.flops > 0
+    assert "best fp32 matmul measured here, (m, k, n) = (" in peak.source
+
+
+def test_achievable_peak_says_when_nothing_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = MatmulSweep(param="m, k, n", rows=[], stopped="out of memory at m, k, n=(1, 1, 1)")
+    monkeypatch.setattr(mfu_module, "achievable_rate", lambda dtype, device, shapes: empty)
+    with pytest.raises(RuntimeError, match="No matmul shape could be measured on cpu"):
+        mfu_module.achievable_peak("cpu")

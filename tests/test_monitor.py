@@ -190,3 +190,39 @@ def test_process_sampler_and_plot() -> None:
     fig = plot_samples(mon, title="test")
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == "test"
     plt.close(fig)
+
+
+def test_a_blocking_sampler_is_reported_at_stop() -> None:
+    release = threading.Event()
+    calls = {"n": 0}
+
+    def blocking() -> dict[str, float]:
+        calls["n"] += 1
+        if calls["n"] > 1:  # the first reading (in start) returns at once
+            release.wait(30)
+        return {"x": 1.0}
+
+    mon = Monitor(blocking, interval=0.01).start()
+    time.sleep(0.05)
+    try:
+        with pytest.raises(RuntimeError, match="did not stop: the sampler function is blocking"):
+            mon.stop()
+    finally:
+        release.set()
+        if mon._thread is not None:
+            mon._thread.join(5)  # let the released thread end before other tests count threads
+
+
+def test_a_failed_sampler_does_not_hide_the_blocks_own_error() -> None:
+    def failing_later() -> dict[str, float]:
+        failing_later.calls += 1
+        if failing_later.calls > 1:
+            raise OSError("driver went away")
+        return {"x": 1.0}
+
+    failing_later.calls = 0
+    with pytest.raises(KeyError, match="training failed"):
+        with Monitor(failing_later, interval=0.005):
+            time.sleep(0.05)
+            raise KeyError("training failed")
+    assert not monitor_threads()

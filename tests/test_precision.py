@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import ipywidgets as widgets
 import matplotlib
 import pytest
@@ -12,6 +14,7 @@ matplotlib.use("Agg")
 
 from helpers.devices import DeviceError, DeviceInfo  # noqa: E402
 from helpers.precision import (  # noqa: E402
+    SAVED_METER,
     AmpChoice,
     AmpSweep,
     PrecisionError,
@@ -35,6 +38,7 @@ from helpers.precision import (  # noqa: E402
     plot_amp_sweep,
     run_amp_sweep,
     saved_activation_bytes,
+    step_peak_bytes,
     wide_mlp_sizes,
 )
 from helpers.widgets import interactive_plot  # noqa: E402
@@ -296,12 +300,62 @@ def test_saved_activation_bytes_counts_exactly() -> None:
 
 
 def test_memory_meter_says_what_it_measures() -> None:
-    assert "exact" in memory_meter("cuda") and "allocator peak" in memory_meter("cuda")
-    assert "approximate" in memory_meter("mps")
-    assert "saved for backward" in memory_meter("cpu") and "no allocator peak" in memory_meter(
-        "cpu"
-    )
-    assert "saved for backward" in memory_meter("xpu")
+    for kind in ("cuda", "mps", "cpu"):
+        assert "peak during one step over the memory held before it" in memory_meter(kind)
+    assert "max_memory_allocated, exact" in memory_meter("cuda")
+    assert "sampled" in memory_meter("mps") and "approximate" in memory_meter("mps")
+    assert "torch.profiler, exact" in memory_meter("cpu")
+    assert "not measured on xpu" in memory_meter("xpu")
+    assert "saved for backward" in SAVED_METER and "every device" in SAVED_METER
+
+
+def test_step_peak_bytes_on_cpu_is_exact() -> None:
+    held = torch.ones(2**20)  # 4 MiB allocated before: not part of the peak
+
+    def step() -> torch.Tensor:
+        a = torch.ones(2**18)  # 1 MiB
+        b = a * 2  # 1 MiB more: the peak is 2 MiB
+        del a
+        return (b + held[: 2**18]).sum()
+
+    peak = step_peak_bytes(step, "cpu")
+    assert 2 * 2**20 <= peak < 2 * 2**20 + 4096
+
+
+def test_step_peak_bytes_on_cuda_reads_the_allocator(fake_gpu) -> None:  # noqa: ANN001
+    gpu = fake_gpu("h100_sxm")
+    gpu.allocate(1000)  # held before the step
+
+    def step() -> None:
+        gpu.allocate(300)
+        gpu.free(300)
+        gpu.allocate(10)
+
+    assert step_peak_bytes(step, "cuda") == 300
+    assert gpu.allocated == 1010 and gpu.synchronize_calls >= 2
+
+
+def test_step_peak_bytes_on_mps_samples(fake_gpu) -> None:  # noqa: ANN001
+    gpu = fake_gpu("mps")
+    gpu.allocate(1000)
+
+    def step() -> None:
+        gpu.allocate(500)
+        time.sleep(0.05)  # long enough for the 1 ms sampler
+        gpu.free(500)
+
+    assert step_peak_bytes(step, "mps") == 500
+
+
+def test_step_memory_excludes_the_previous_steps_gradients() -> None:
+    """The bug of issue 13: stale gradients counted as 'held before', so the peak never grew."""
+    sizes = (64, 64, 64, 1)
+    small = measure_amp_step(sizes, 4, "fp32", "cpu", min_run_time=0.01)
+    large = measure_amp_step(sizes, 2048, "fp32", "cpu", min_run_time=0.01)
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:])) * 4 / 2**20
+    assert small["peak MiB"] >= params  # at least the fresh gradients
+    assert large["saved MiB"] > 100 * small["saved MiB"]  # activations grow with the batch
+    assert large["peak MiB"] > small["peak MiB"] + large["saved MiB"] / 2
 
 
 # --- measuring, plotting, the widget ------------------------------------------------------------
@@ -309,8 +363,9 @@ def test_memory_meter_says_what_it_measures() -> None:
 
 def test_measure_amp_step() -> None:
     row = measure_amp_step((16, 16, 1), 8, "bf16", "cpu", min_run_time=0.01)
-    assert set(row) == {"ms/step", "spread %", "samples/s", "memory MiB"}
-    assert row["ms/step"] > 0 and row["samples/s"] > 0 and row["memory MiB"] > 0
+    assert set(row) == {"ms/step", "spread %", "samples/s", "peak MiB", "saved MiB"}
+    assert row["ms/step"] > 0 and row["samples/s"] > 0
+    assert row["peak MiB"] > 0 and row["saved MiB"] > 0
     with pytest.raises(ValueError, match="batch_size must be > 0"):
         measure_amp_step((16, 1), 0, "fp32", "cpu")
     with pytest.raises(PrecisionError, match="Unknown precision"):
@@ -331,7 +386,7 @@ def test_run_amp_sweep_skips_slow_fp16_with_a_reason() -> None:
     rows = sweep.rows()
     assert {r["precision"] for r in rows} >= {"fp32", "bf16"} and rows[0]["vs fp32"] == "1.00x"
     text = str(sweep)
-    assert "MLP 16-16-1" in text and "memory MiB =" in text
+    assert "MLP 16-16-1" in text and "peak MiB =" in text and "saved MiB =" in text
     with pytest.raises(KeyError, match="not measured"):
         sweep.speedup("bf16", 1024)
 
@@ -360,8 +415,9 @@ def test_plot_amp_sweep() -> None:
     sweep = small_sweep(precisions=("fp32", "fp16"), allow_slow=False)
     fig = plot_amp_sweep(sweep)
     rate, mem = fig.axes
-    assert len(rate.lines) == len(sweep.results) == len(mem.lines)
-    assert "samples / s" in rate.get_ylabel() and "memory" in mem.get_title()
+    assert len(rate.lines) == len(sweep.results) and len(mem.lines) == 2 * len(sweep.results)
+    assert "samples / s" in rate.get_ylabel() and "peak" in mem.get_title()
+    assert "saved for backward" in mem.get_title()
     if sweep.skipped:
         assert "skipped: fp16" in fig._suptitle.get_text()
 
@@ -391,3 +447,75 @@ def test_widget_button_runs_the_sweep() -> None:
     with pytest.raises(PrecisionError):
         amp_controls("cpu", precisions=("fp32", "fp7"))
     assert isinstance(controls["allow_slow"], widgets.Checkbox)
+
+
+# --------------------------------------------------------------------------- TF32 (issue 15)
+
+
+def test_is_tf32_names() -> None:
+    from helpers.precision import is_tf32
+
+    assert is_tf32("tf32") and is_tf32(" TensorFloat32 ")
+    assert not is_tf32("fp32") and not is_tf32(torch.float32) and not is_tf32("bf16")
+
+
+def test_sweep_precisions_cpu_has_no_tf32() -> None:
+    from helpers.precision import sweep_precisions
+
+    rows = sweep_precisions("cpu")
+    assert rows[0] == "fp32" and "tf32" not in rows and set(rows) <= {"fp32", "bf16", "fp16"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [("h100_sxm", ["fp32", "tf32", "bf16"]), ("a100", ["fp32", "tf32", "bf16"]),
+     ("t4", ["fp32", "fp16"]), ("mi300x", ["fp32", "bf16"])],
+)  # fmt: skip
+def test_sweep_precisions_by_gpu(fake_gpu, monkeypatch, kind: str, want: list[str]) -> None:  # noqa: ANN001
+    import helpers.precision as precision
+
+    fake_gpu(kind)
+    monkeypatch.setattr(precision, "check_autocast", lambda device, dtype: dtype)  # no kernels
+    monkeypatch.setattr(precision, "grad_scaler_works", lambda device: True)
+    assert precision.sweep_precisions("cuda") == want
+
+
+def test_sweep_skips_tf32_where_it_does_not_exist() -> None:
+    sweep = run_amp_sweep("cpu", ("fp32", "tf32"), (8,), sizes=(16, 16, 1), min_run_time=0.01)
+    assert list(sweep.results) == ["fp32"]
+    assert "compute capability 8.0+" in sweep.skipped["tf32"]
+    assert "skipped tf32" in str(sweep)
+
+
+def test_measure_tf32_rejected_on_cpu() -> None:
+    with pytest.raises(PrecisionError, match="TF32 needs an NVIDIA GPU"):
+        measure_amp_step((16, 16, 1), 8, "tf32", "cpu", min_run_time=0.01)
+
+
+@pytest.mark.parametrize(("precision", "during"), [("fp32", False), ("tf32", True)])
+def test_fp32_is_true_fp32_and_tf32_turns_it_on(monkeypatch, precision: str, during: bool) -> None:  # noqa: ANN001
+    """The sweep's fp32 row runs with TF32 off even if the notebook turned it on; restored after."""
+    import helpers.precision as precision_mod
+
+    seen, real_benchmark = [], precision_mod.benchmark
+
+    def fake_benchmark(step, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        step()
+        return real_benchmark(step, **{**kwargs, "min_run_time": 0.01})
+
+    monkeypatch.setattr(precision_mod, "tf32_available", lambda device=None: True)
+    monkeypatch.setattr(precision_mod, "benchmark", fake_benchmark)
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not during
+    try:
+        row = measure_amp_step((16, 16, 1), 8, precision, "cpu", min_run_time=0.01)
+        assert seen == [during] and row["samples/s"] > 0
+        assert torch.backends.cuda.matmul.allow_tf32 is (not during), "restored"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_an_empty_batch_size_list_is_an_error_not_the_defaults() -> None:
+    with pytest.raises(ValueError, match="at least one batch size"):
+        run_amp_sweep(precisions=["fp32"], batch_sizes=[], device="cpu")

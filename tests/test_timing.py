@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils import benchmark as tbench
@@ -33,16 +35,25 @@ def test_benchmark_uses_all_threads_unlike_the_timer_default() -> None:
     assert timer._task_spec.num_threads == 1  # the trap the helper avoids
 
 
-def test_benchmark_agrees_with_torch_utils_benchmark() -> None:
-    a = torch.randn(256, 256)
-    ours = benchmark(torch.mm, a, a, min_run_time=0.2).median
-    theirs = tbench.Timer(
-        "torch.mm(a, a)", globals={"a": a, "torch": torch}, num_threads=torch.get_num_threads()
-    )
-    ref = theirs.blocked_autorange(min_run_time=0.2).median
-    assert (
-        0.2 < ours / ref < 5
-    )  # same order of magnitude; exact agreement is a benchmark-script matter
+def test_benchmark_and_torch_utils_benchmark_time_the_same_call() -> None:
+    """Invariants only: how close the two medians are is a benchmark (benchmarks/ch01_matmul.py)."""
+    a = torch.randn(64, 64)
+    calls = []
+
+    def mm() -> torch.Tensor:
+        calls.append(torch.get_num_threads())
+        return torch.mm(a, a)
+
+    ours = benchmark(mm, num_threads=1, warmup=2, min_run_time=0.02)
+    assert ours.num_threads == 1 and set(calls[2:]) == {1}  # timed calls honour num_threads
+    assert torch.get_num_threads() >= 1
+    n_ours = len(calls)
+    theirs = tbench.Timer("mm()", globals={"mm": mm}, num_threads=1)
+    ref = theirs.blocked_autorange(min_run_time=0.02)
+    assert len(calls) > n_ours and set(calls[n_ours:]) == {1}  # both timed the same function
+    for median in (ours.median, ref.median):
+        assert math.isfinite(median) and median > 0
+    print(f"ours / torch.utils.benchmark = {ours.median / ref.median:.2f} (printed, not asserted)")
 
 
 @pytest.mark.parametrize(
@@ -50,3 +61,12 @@ def test_benchmark_agrees_with_torch_utils_benchmark() -> None:
 )
 def test_format_seconds(seconds: float, text: str) -> None:
     assert format_seconds(seconds) == text
+
+
+def test_warm_up_runs_at_the_timed_thread_count() -> None:
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    benchmark(
+        lambda: seen.append(torch.get_num_threads()), num_threads=1, warmup=3, min_run_time=0.01
+    )
+    assert seen[:3] == [1, 1, 1] and torch.get_num_threads() == before

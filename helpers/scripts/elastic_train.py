@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.scripts.common import (
     Context,
+    exit_now,
     flat_params,
     log,
     make_mlp,
@@ -121,3 +122,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # skip the slow interpreter shutdown: see common.exit_now

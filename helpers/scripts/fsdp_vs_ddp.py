@@ -6,6 +6,11 @@ all-gathers a layer's full weights just before that layer runs and reduce-scatte
 gradients after backward. Both runs start from the same weights and see the same batches;
 each rank records its parameter shapes (full and local), the bytes it holds, and the losses.
 
+Then the erratum "8-bit Adam compresses gradient communication": short DDP runs with Adam,
+SGD and (where bitsandbytes or torchao is installed and runs here) an 8-bit Adam, and Adam
+with DDP's fp16 and bf16 compression hooks. A communication hook adds up the bytes DDP hands
+to all-reduce in each step; each run also reports the bytes of its optimizer state.
+
     torchrun --standalone --nproc-per-node=2 fsdp_vs_ddp.py --out /tmp/fsdp
 """
 
@@ -14,10 +19,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.scripts.common import Context, log, make_mlp, parser, setup, teardown, write_result
+from helpers.scripts.common import (
+    Context,
+    exit_now,
+    log,
+    make_mlp,
+    parser,
+    setup,
+    teardown,
+    write_result,
+)
 
 try:  # torch >= 2.6
     from torch.distributed.fsdp import fully_shard
@@ -99,6 +114,134 @@ def train(kind: str, ctx: Context, args, start: dict) -> dict:  # noqa: ANN001 -
     }
 
 
+#: DDP's hooks by name, with the dtype each hands to all-reduce (None: the gradients' own).
+HOOKS = {
+    "none": (default_hooks.allreduce_hook, None),
+    "fp16": (default_hooks.fp16_compress_hook, torch.float16),
+    "bf16": (default_hooks.bf16_compress_hook, torch.bfloat16),
+}
+#: bitsandbytes' 8-bit layout: uint8 codes, one fp32 absmax per block, fp32 below min size.
+BLOCK, MIN_8BIT_SIZE, QMAP_VALUES = 256, 4096, 256
+
+
+def counting_hook(state, bucket):  # noqa: ANN001, ANN201 - DDP checks these annotations
+    """Run state["hook"] on a bucket and add the bytes it hands to all-reduce (chapter 4)."""
+    hook, wire = HOOKS[state["hook"]]
+    buffer = bucket.buffer()
+    state["bytes"] += buffer.numel() * (wire or buffer.dtype).itemsize
+    return hook(None, bucket)
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds on this rank, adding up the inner tensors of a subclass (chapter 4)."""
+    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()  # torchao's 8-bit state: codes, scales, code table
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in an optimizer's state, counted from the tensors (chapter 4)."""
+    return sum(
+        tensor_bytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
+    )
+
+
+def computed_8bit_bytes(params: list[torch.Tensor]) -> int:
+    """8-bit Adam's state bytes computed from bitsandbytes' layout, for when none runs here (chapter 4)."""
+    total = 0
+    for p in params:
+        n = p.numel()
+        if n < MIN_8BIT_SIZE:
+            total += 2 * 4 * n  # two fp32 states
+        else:  # two states: codes, absmax per block, code table
+            total += 2 * (n + 4 * -(-n // BLOCK) + 4 * QMAP_VALUES)
+    return total
+
+
+def eight_bit_adam(params, lr: float) -> tuple[torch.optim.Optimizer | None, str]:  # noqa: ANN001
+    """bitsandbytes' Adam8bit, else torchao's AdamW8bit, with its name; else (None, why) (chapter 4)."""
+    why = []
+    try:
+        import bitsandbytes as bnb
+
+        return bnb.optim.Adam8bit(params, lr=lr), f"bitsandbytes {bnb.__version__}"
+    except Exception as exc:  # not installed, or no backend for this device
+        why.append(f"bitsandbytes: {type(exc).__name__}")
+    try:
+        import torchao
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(params, lr=lr, weight_decay=0.0), f"torchao {torchao.__version__}"
+    except Exception as exc:
+        why.append(f"torchao: {type(exc).__name__}")
+    return None, "; ".join(why)
+
+
+def make_optimizer(name: str, params, lr: float) -> tuple[torch.optim.Optimizer | None, str]:  # noqa: ANN001
+    """'Adam', 'SGD' or '8-bit Adam', with the library that provides it (chapter 4)."""
+    if name == "8-bit Adam":
+        return eight_bit_adam(params, lr)
+    if name == "SGD":
+        return torch.optim.SGD(params, lr=lr), f"torch {torch.__version__}"
+    return torch.optim.Adam(params, lr=lr), f"torch {torch.__version__}"
+
+
+def communication(ctx: Context, args, start: dict, optimizer: str, hook: str) -> dict:  # noqa: ANN001
+    """A short DDP run: bytes handed to all-reduce per step, and the optimizer's state bytes (chapter 4)."""
+    model = make_mlp((args.width,) * args.depth + (1,)).to(ctx.device)
+    model.load_state_dict(start)
+    net = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    counter = {"hook": hook, "bytes": 0}
+    net.register_comm_hook(state=counter, hook=counting_hook)
+    params = list(net.parameters())
+    opt, library = make_optimizer(optimizer, params, args.lr)
+    wire = HOOKS[hook][1] or params[0].dtype
+    row = {"optimizer": optimizer, "library": library, "hook": hook, "wire dtype": str(wire)}
+    row |= {"parameters": sum(p.numel() for p in params), "sent per step": [], "error": None}
+    row["computed 8-bit state bytes"] = computed_8bit_bytes(params)
+    if opt is None:
+        row["error"] = f"no 8-bit optimizer runs here ({library})"
+        return row
+    loss_fn = nn.BCEWithLogitsLoss()
+    try:
+        for step in range(args.comm_steps):
+            x, y = batch(step, ctx, args.per_rank_batch, args.width)
+            opt.zero_grad(set_to_none=True)
+            counter["bytes"] = 0
+            loss_fn(net(x), y).backward()  # DDP all-reduces here, before the optimizer runs
+            row["sent per step"].append(counter["bytes"])
+            # what crossed the wire in `wire` comes back exactly representable in it
+            row["grads exact in wire dtype"] = all(
+                torch.equal(p.grad, p.grad.to(wire).to(p.grad.dtype)) for p in params
+            )
+            opt.step()
+    except Exception as exc:  # e.g. a backend without bf16 all-reduce: the same on every rank
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    row["state bytes"] = state_bytes(opt)
+    return row
+
+
+COMM_RUNS = [("Adam", "none"), ("SGD", "none"), ("8-bit Adam", "none"), ("Adam", "fp16")]
+COMM_RUNS += [("Adam", "bf16")]
+
+
+#: FSDP2 on CPU processes (gloo) needs torch 2.7: 2.5 raises "FSDP requires CUDA for streams",
+#: 2.6 fails in its stream handling ('Stream' object has no attribute 'record_event').
+FSDP_CPU_SINCE = (2, 7)
+
+
+def fsdp_skip_reason(device: torch.device) -> str | None:
+    """Why FSDP2 cannot run on `device` with this torch, or None when it can (chapter 4)."""
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if device.type == "cpu" and version < FSDP_CPU_SINCE:
+        return (
+            f"FSDP2 on CPU processes needs torch {'.'.join(map(str, FSDP_CPU_SINCE))} or newer; "
+            f"this is torch {torch.__version__} (2.5 raises 'FSDP requires CUDA for streams')"
+        )
+    return None
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=512)
@@ -106,16 +249,24 @@ def main() -> None:
     p.add_argument("--per-rank-batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--comm-steps", type=int, default=2, help="steps of each bytes-sent run")
     args = p.parse_args()
     ctx = setup(args.pg_timeout)
     start = make_mlp((args.width,) * args.depth + (1,), seed=args.seed).state_dict()
-    result = {kind: train(kind, ctx, args, start) for kind in ("ddp", "fsdp")}
+    skip = fsdp_skip_reason(ctx.device)
+    result = {"ddp": train("ddp", ctx, args, start)}
+    result["fsdp"] = {"skipped": skip} if skip else train("fsdp", ctx, args, start)
+    result["communication"] = [communication(ctx, args, start, o, h) for o, h in COMM_RUNS]
     write_result(args.out, ctx, result)
-    ddp_b = sum(result["ddp"]["held_bytes"].values())
-    fsdp_b = sum(result["fsdp"]["held_bytes"].values())
-    log(ctx, f"bytes held per rank: DDP {ddp_b / 2**20:.2f} MiB, FSDP2 {fsdp_b / 2**20:.2f} MiB")
+    ddp_b = sum(result["ddp"]["held_bytes"].values()) / 2**20
+    if skip:
+        log(ctx, f"bytes held per rank: DDP {ddp_b:.2f} MiB; FSDP2 skipped: {skip}")
+    else:
+        fsdp_b = sum(result["fsdp"]["held_bytes"].values()) / 2**20
+        log(ctx, f"bytes held per rank: DDP {ddp_b:.2f} MiB, FSDP2 {fsdp_b:.2f} MiB")
     teardown()
 
 
 if __name__ == "__main__":
     main()
+    exit_now()  # skip the slow interpreter shutdown: see common.exit_now

@@ -1,4 +1,4 @@
-"""Training throughput with DDP at this many ranks, or nn.DataParallel in one process (chapter 4).
+"""Training throughput with DDP at one or more numbers of ranks, or nn.DataParallel in one process (chapter 4).
 
 Weak scaling: every rank trains on its own batch of ``--per-rank-batch`` samples, so the
 global batch grows with the number of ranks. Step time is measured in ``--blocks`` blocks of
@@ -7,7 +7,11 @@ slowest rank's time counts (all_reduce with MAX), because a step is only done wh
 rank is done. (``helpers.timing.benchmark`` cannot be used here: it picks its own number of
 repeats per process, and ranks that run different numbers of collectives deadlock.)
 
-    torchrun --standalone --nproc-per-node=2 scaling.py --out /tmp/scaling
+``--sizes 1,2,4`` measures several numbers of ranks in one job (one start-up, not three):
+for each size ``k`` the first ``k`` ranks train in their own process group
+(``dist.new_group``) while the others wait at a barrier.
+
+    torchrun --standalone --nproc-per-node=4 scaling.py --out /tmp/scaling --sizes 1,2,4
     python -m torch.distributed.run --nproc-per-node=1 ... scaling.py --mode dataparallel
 """
 
@@ -15,13 +19,23 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.scripts.common import Context, log, make_mlp, parser, setup, teardown, write_result
+from helpers.scripts.common import (
+    Context,
+    exit_now,
+    log,
+    make_mlp,
+    parser,
+    setup,
+    teardown,
+    write_result,
+)
 
 
 def sync(device: torch.device) -> None:
@@ -30,29 +44,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(ctx: Context, mode: str, width: int, depth: int) -> tuple[nn.Module, int]:
+def build(ctx: Context, mode: str, width: int, depth: int, group: Any) -> tuple[nn.Module, int]:
     """The model to train and how many GPUs/ranks share one step's batch (chapter 4)."""
     model = make_mlp((width,) * depth + (1,)).to(ctx.device)
     if mode == "ddp":
         ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        return DDP(model, device_ids=ids), 1
+        return DDP(model, device_ids=ids, process_group=group), 1
     if ctx.world_size != 1 or ctx.device.type != "cuda" or torch.cuda.device_count() < 2:
         raise SystemExit("--mode dataparallel needs one process (nproc 1) and at least 2 GPUs.")
     return nn.DataParallel(model), torch.cuda.device_count()  # scatters the batch over GPUs
 
 
-def main() -> None:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=["ddp", "dataparallel"], default="ddp")
-    p.add_argument("--per-rank-batch", type=int, default=256)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--blocks", type=int, default=5)
-    args = p.parse_args()
-    ctx = setup(args.pg_timeout)
-    net, gpus_per_rank = build(ctx, args.mode, args.width, args.depth)
+def measure(ctx: Context, args: Any, ranks: int, group: Any) -> dict[str, Any]:
+    """Warm up, then time blocks of steps on the first `ranks` ranks (this one among them) (chapter 4)."""
+    net, gpus_per_rank = build(ctx, args.mode, args.width, args.depth, group)
     batch = args.per_rank_batch * gpus_per_rank
     g = torch.Generator().manual_seed(args.seed + ctx.rank)
     x = torch.randn(batch, args.width, generator=g).to(ctx.device)
@@ -69,21 +74,22 @@ def main() -> None:
         step()
     per_step: list[float] = []
     for _ in range(args.blocks):
-        dist.barrier()
+        dist.barrier(group=group)
         sync(ctx.device)
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
         sync(ctx.device)
         elapsed = torch.tensor([time.perf_counter() - start], device=ctx.device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        # the slowest rank sets the pace
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         per_step.append(elapsed.item() / args.steps)
     q1, _, q3 = statistics.quantiles(per_step, n=4) if len(per_step) > 1 else (0, 0, 0)
     median = statistics.median(per_step)
-    global_batch = batch * ctx.world_size
-    result = {
+    global_batch = batch * ranks
+    return {
         "mode": args.mode,
-        "world_size": ctx.world_size,
+        "world_size": ranks,
         "threads": torch.get_num_threads(),
         "global_batch": global_batch,
         "step_times_s": per_step,
@@ -91,15 +97,48 @@ def main() -> None:
         "step_iqr_s": q3 - q1,
         "samples_per_s": global_batch / median,
     }
+
+
+def parse_sizes(text: str | None, world_size: int) -> list[int]:
+    """'1,2,4' as [1, 2, 4], each between 1 and the world size; default [world size] (chapter 4)."""
+    if not text:
+        return [world_size]
+    sizes = [int(s) for s in text.split(",")]
+    if not sizes or any(not 1 <= k <= world_size for k in sizes):
+        raise SystemExit(f"--sizes {text}: each size must be between 1 and {world_size} ranks.")
+    return sizes
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=["ddp", "dataparallel"], default="ddp")
+    p.add_argument("--sizes", default=None, help="rank counts to measure, e.g. 1,2,4")
+    p.add_argument("--per-rank-batch", type=int, default=256)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--blocks", type=int, default=5)
+    args = p.parse_args()
+    ctx = setup(args.pg_timeout)
+    runs = []
+    for k in parse_sizes(args.sizes, ctx.world_size):
+        # every rank creates every group, members or not; the whole world needs no new group
+        group = dist.new_group(list(range(k))) if k < ctx.world_size else None
+        if ctx.rank < k:
+            runs.append(measure(ctx, args, k, group))
+            r = runs[-1]
+            log(
+                ctx,
+                f"{args.mode}: {k} rank(s), global batch {r['global_batch']}, "
+                f"{r['step_median_s'] * 1e3:.2f} ms/step, {r['samples_per_s']:,.0f} samples/s",
+            )
+        dist.barrier()  # the ranks left out wait here until the measured ones are done
     if ctx.is_main:
-        write_result(args.out, ctx, result)
-    log(
-        ctx,
-        f"{args.mode}: {ctx.world_size} rank(s), global batch {global_batch}, "
-        f"{median * 1e3:.2f} ms/step, {global_batch / median:,.0f} samples/s",
-    )
+        write_result(args.out, ctx, {"runs": runs})
     teardown()
 
 
 if __name__ == "__main__":
     main()
+    exit_now()  # skip the slow interpreter shutdown: see common.exit_now

@@ -1,0 +1,22 @@
+"""Argument checks shared by every chapter: clear ValueErrors for bad sizes and durations
+(chapter 1). A ground-floor module: it imports nothing from the course."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def positive_int(value: Any, name: str) -> int:
+    """`value` as an int if it is a whole number > 0, else a ValueError naming `name` (chapter 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"{name} must be a whole number > 0, got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}. Use a positive size.")
+    return int(value)
+
+
+def positive_seconds(value: Any, name: str) -> float:
+    """`value` as a float if it is a number of seconds > 0, else a ValueError naming `name` (chapter 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
+    return float(value)
