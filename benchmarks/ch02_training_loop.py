@@ -48,10 +48,10 @@ from helpers.loops import (
     fast_epoch,
     flatten_parameters,
     make_adam,
-    make_mlp,
     sources_epoch,
     torch_threads,
 )
+from helpers.models import make_mlp
 from helpers.syncs import SyncCounter
 from helpers.tables import print_table
 from helpers.throughput import measure_batch_size
@@ -68,8 +68,8 @@ def build(device: torch.device):
     """Both loops' models, data feeds and optimizers, with the same init and permutations."""
     x, y = make_classification_data(10_000, 20, seed=SEED)
     torch.manual_seed(SEED)
-    src_model = make_mlp().to(device)
-    final_model = make_mlp(logits=True).to(device)
+    src_model = make_mlp(sigmoid=True).to(device)
+    final_model = make_mlp().to(device)
     final_model.load_state_dict(src_model.state_dict())
     loader = DataLoader(
         TensorDataset(x, y),
@@ -83,7 +83,7 @@ def build(device: torch.device):
         batch_size=BATCH,
         generator=torch.Generator().manual_seed(SEED + 1),
     )
-    torch_adam_model = make_mlp(logits=True).to(device)
+    torch_adam_model = make_mlp().to(device)
     torch_adam_model.load_state_dict(src_model.state_dict())
     src = (src_model, loader, torch.optim.Adam(src_model.parameters(), lr=1e-3), nn.BCELoss())
     impl = best_adam_impl(device)
@@ -101,7 +101,7 @@ def build(device: torch.device):
 
 def build_graphed(device: torch.device, x: torch.Tensor, y: torch.Tensor, init: dict):
     """The CUDA-graph final loop: (steps, batches) from init's weights, or (None, why) if capture fails."""
-    model = make_mlp(logits=True).to(device)
+    model = make_mlp().to(device)
     model.load_state_dict(init)
     x_dev, y_dev = x.to(device), y.to(device)
     try:

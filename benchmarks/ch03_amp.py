@@ -26,16 +26,11 @@ import argparse
 
 import torch
 
+from helpers.amp_choice import amp_for_device, local_cpu_flags
+from helpers.amp_sweep import default_batch_sizes, default_width, run_amp_sweep
 from helpers.devices import describe_device, pick_device
 from helpers.matmul import tf32_available
-from helpers.precision import (
-    amp_for_device,
-    default_batch_sizes,
-    default_width,
-    local_cpu_flags,
-    run_amp_sweep,
-    wide_mlp_sizes,
-)
+from helpers.models import wide_mlp_sizes
 
 VERSION = 2
 SOURCES_MLP = (20, 64, 32, 1)

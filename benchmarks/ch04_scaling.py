@@ -24,15 +24,9 @@ import subprocess
 import sys
 import time
 
-from helpers.distributed import (
-    cpu_cores,
-    default_backend,
-    gpu_count,
-    launch,
-    max_processes,
-    measure_scaling,
-    new_run_dir,
-)
+from helpers.launch import check_backend, launch, max_processes, new_run_dir
+from helpers.processes import cpu_cores, gpu_count
+from helpers.scaling_sweep import measure_scaling
 from helpers.tables import print_table
 
 
@@ -88,7 +82,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
-    backend = default_backend(2)
+    backend = check_backend(None)  # nccl with a GPU for each rank, else gloo
     top = args.max_procs or min(4, max_processes(backend))
     nprocs = list(range(1, top + 1))
     print(f"{cpu_cores()} CPU core(s), {gpu_count()} GPU(s); backend {backend}; ranks {nprocs}\n")

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from helpers.activations import checkpointed_forward, measure_activation_bytes
-from helpers.devices import describe_device, dtype_name, native_bf16, pick_device
-from helpers.memory_bill import make_mlp
+from helpers.devices import describe_device, native_bf16, pick_device
+from helpers.dtypes import dtype_name
+from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.tables import print_table
 from helpers.timing import benchmark
 from helpers.units import format_bytes
@@ -65,7 +66,7 @@ def main() -> None:
     width = args.width or (4096 if gpu else 1024)
     batch = args.batch or (2048 if gpu else 128)
     print(f"ch05_memory benchmark v{VERSION}\n{describe_device(device)}\n")
-    model = make_mlp(width, args.depth, device=device)
+    model = make_mlp(wide_mlp_sizes(width, args.depth, 10), blocks=True, device=device)
     x = torch.randn(batch, width, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
 

@@ -5,14 +5,19 @@ plotting and widget plumbing. One module per concern, listed by the chapter that
 introduces it. The ground floor, which imports nothing from the course and which every other
 module may use (tests/test_helpers_layout.py keeps the imports free of cycles):
 
-- ``helpers.units``: ``MiB``, ``GiB``, ``format_bytes``, ``format_seconds``
-- ``helpers.validate``: ``positive_int``, ``positive_seconds`` (clear errors for bad sizes)
+- ``helpers.units``: ``MiB``, ``GiB``, ``format_bytes``, ``format_seconds``, and ``Printed``
+  (results that Jupyter shows as their text)
+- ``helpers.validate``: ``positive_int``, ``positive_seconds``, ``DeviceError`` (clear errors
+  for bad input)
+- ``helpers.models``: ``make_mlp``, ``wide_mlp_sizes``, the one MLP of every chapter and script
 
 Chapter 1, devices
 - ``helpers.devices``: choosing, checking and describing a device
+- ``helpers.dtypes``: the dtype vocabulary ('bf16' <-> ``torch.bfloat16``)
+- ``helpers.peaks``: the datasheet peak table (dense FLOP/s by GPU and precision, cited)
 - ``helpers.timing``: the one benchmark function every chapter uses
 - ``helpers.memory``: memory readouts and peak tracking
-- ``helpers.gpu_monitor``: NVML snapshots through nvidia-ml-py
+- ``helpers.nvml_snapshot``: a one-shot NVML reading through nvidia-ml-py
 - ``helpers.sweeps``: out-of-memory-safe sweeps that collect a table
 - ``helpers.tables`` and ``helpers.plots``: text tables and matplotlib figures
 - ``helpers.widgets``: ipywidgets controls in front of a sweep function
@@ -27,10 +32,14 @@ Chapter 2, the training loop
 - ``helpers.throughput``: the batch-size sweep, its plot and widget
 
 Chapter 3, mixed precision
-- ``helpers.precision``: number formats, the AMP dtype by hardware, fp32-vs-AMP sweeps
+- ``helpers.formats``: number formats (the finfo table, fp16's range) and precision names
+- ``helpers.amp_choice``: the autocast dtype by hardware, and probes that it runs here
+- ``helpers.amp_sweep``: the fp32-vs-TF32-vs-AMP training-step sweep, its plot and widget
 
 Chapter 4, multi-GPU
-- ``helpers.distributed``: launching torchrun scripts from a notebook, safely, loopback only
+- ``helpers.launch``: launching torchrun scripts from a notebook, safely, loopback only
+- ``helpers.processes``: the job's processes and sockets, and stopping them all
+- ``helpers.scaling_sweep``: throughput against the number of processes, in one launch
 - ``helpers.scripts``: the distributed programs the chapter launches
 
 Chapter 5, memory
@@ -41,7 +50,7 @@ Chapter 5, memory
 Chapter 6, profiling
 - ``helpers.profiling``: profiler plumbing and a bottleneck diagnosis
 - ``helpers.case_study``: the deliberately slow loop and its fixes
-- ``helpers.monitor``: a background sampler of the GPUs (or the process)
+- ``helpers.sampler``: a background thread sampling the GPUs (or the process) during a run
 - ``helpers.mfu``: model FLOPs utilisation
 """
 

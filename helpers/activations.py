@@ -1,17 +1,10 @@
-"""Activation bytes: measured with saved_tensors_hooks, and counted layer by layer (chapter 5).
-
-Autograd keeps some tensors from the forward pass so that backward can use them (a Linear
-keeps its input, a ReLU its output, ...). Those saved tensors are the "activations" line of
-the memory bill. :class:`ActivationMeter` measures them on any device, CPU included: every
-tensor autograd saves passes through a pack hook, and the meter adds up the bytes of each
-distinct storage once, leaving out the model's own parameters and buffers.
-:func:`activation_table` predicts the same number from the layer types and shapes alone.
-"""
+"""Activation bytes: measured on any device (ActivationMeter), predicted from shapes (chapter 5)."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,15 +19,6 @@ from helpers.units import MiB
 from helpers.validate import positive_int
 
 
-@dataclass(frozen=True)
-class SavedTensor:
-    """One distinct storage that autograd saved for backward (chapter 5)."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    nbytes: int
-
-
 def _storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef | None, int]:
     """(identity, weak reference, bytes) of a tensor's storage (chapter 5)."""
     try:
@@ -45,75 +29,46 @@ def _storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef | None, int]:
         return id(t), None, t.numel() * t.element_size()
 
 
-def _excluded_keys(sources: Sequence[nn.Module | torch.Tensor]) -> set[int]:
-    """Storage identities of the parameters and buffers of `sources` (chapter 5)."""
-    keys: set[int] = set()
-    for src in sources:
-        if isinstance(src, nn.Module):
-            tensors: Iterator[torch.Tensor] = iter([*src.parameters(), *src.buffers()])
-        elif isinstance(src, torch.Tensor):
-            tensors = iter([src])
-        else:
-            raise TypeError(
-                f"ActivationMeter excludes modules or tensors, got {type(src).__name__}: "
-                "pass the model (its parameters are not activations)."
-            )
-        keys.update(_storage_key(t)[0] for t in tensors)
-    return keys
-
-
-class ActivationMeter:
-    """Context manager: unique storage bytes autograd saves for backward, parameters excluded (chapter 5).
-
-    Use one meter per forward pass and keep the output alive until you read the meter,
-    because the saved tensors live exactly as long as the graph does.
-    """
+class ActivationMeter(saved_tensors_hooks):
+    """Context manager: unique storage bytes autograd saves for backward, parameters excluded (chapter 5)."""
 
     def __init__(self, *exclude: nn.Module | torch.Tensor) -> None:
-        self._excluded = _excluded_keys(exclude)
-        self._seen: dict[int, tuple[StorageWeakRef | None, SavedTensor]] = {}
-        self._hooks: saved_tensors_hooks | None = None
-        self.pack_calls = 0
+        super().__init__(self._pack, lambda t: t)
+        self._excluded: set[int] = set()  # the storages of parameters and buffers
+        for src in exclude:
+            if not isinstance(src, (nn.Module, torch.Tensor)):
+                raise TypeError(
+                    f"ActivationMeter excludes modules or tensors, got {type(src).__name__}: "
+                    "pass the model (its parameters are not activations)."
+                )
+            tensors = [*src.parameters(), *src.buffers()] if isinstance(src, nn.Module) else [src]
+            self._excluded.update(_storage_key(t)[0] for t in tensors)
+        # storage key -> (weak reference, bytes, shape, dtype) of each distinct saved storage
+        self._seen: dict[int, tuple[StorageWeakRef | None, int, tuple[int, ...], torch.dtype]] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         """Record the storage behind `t` once; hand autograd a detached alias (chapter 5)."""
-        self.pack_calls += 1
         key, ref, nbytes = _storage_key(t)
-        if key not in self._excluded:
-            old = self._seen.get(key)
-            if old is None or (old[0] is not None and old[0].expired()):
-                self._seen[key] = (ref, SavedTensor(tuple(t.shape), t.dtype, nbytes))
+        old = self._seen.get(key)
+        if key not in self._excluded and (old is None or (old[0] is not None and old[0].expired())):
+            self._seen[key] = (ref, nbytes, tuple(t.shape), t.dtype)
         return t.detach()
 
     def __enter__(self) -> ActivationMeter:
-        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._hooks is not None:
-            self._hooks.__exit__(*exc)
-            self._hooks = None
-
-    @property
-    def records(self) -> list[SavedTensor]:
-        """The distinct saved storages with at least one byte, in the order they were saved (chapter 5)."""
-        return [rec for _, rec in self._seen.values() if rec.nbytes > 0]
 
     @property
     def total_bytes(self) -> int:
         """Sum of the bytes of every distinct saved storage (chapter 5)."""
-        return sum(rec.nbytes for rec in self.records)
+        return sum(nbytes for _, nbytes, _, _ in self._seen.values())
 
     def table(self) -> list[dict[str, Any]]:
-        """The saved storages as table rows: shape, dtype, MiB (chapter 5)."""
+        """The saved storages with at least one byte as table rows: shape, dtype, MiB (chapter 5)."""
         return [
-            {
-                "shape": tuple(r.shape),
-                "dtype": str(r.dtype).removeprefix("torch."),
-                "MiB": r.nbytes / MiB,
-            }
-            for r in self.records
+            {"shape": shape, "dtype": _short(dtype), "MiB": nbytes / MiB}
+            for _, nbytes, shape, dtype in self._seen.values()
+            if nbytes > 0
         ]
 
 
@@ -157,23 +112,21 @@ def measure_activation_bytes(
         raise TypeError(f"x must be a tensor (a batch of inputs), got {type(x).__name__}.")
     with ActivationMeter(model) as meter, autocast_context(x.device.type, autocast_dtype):
         out = checkpointed_forward(model, x, checkpoint_every) if checkpoint_every else model(x)
-    total = meter.total_bytes
-    del out
-    return total
+    del out  # the meter keeps the bytes it read
+    return meter.total_bytes
 
 
-# ---------------------------------------------------------------------------------------------
-# The analytic count: what each layer type keeps, from shapes alone.
+_KEYS = itertools.count()  # storage identities of the analytic count
 
 
 @dataclass
 class _Value:
-    """A tensor flowing through the model, as the analytic count sees it (chapter 5)."""
+    """A tensor flowing through the model, as the analytic count sees it; a new key is a new storage (chapter 5)."""
 
-    key: int
     shape: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
+    key: int = field(default_factory=lambda: next(_KEYS))
 
 
 @dataclass
@@ -186,40 +139,17 @@ class _Step:
     copies: int = 0
 
 
-@dataclass
-class _Ledger:
-    """Which storages are saved so far, and how big each storage is (chapter 5)."""
-
-    sizes: dict[int, int] = field(default_factory=dict)
-    saved: set[int] = field(default_factory=set)
-
-    def new(self, shape: tuple[int, ...], dtype: torch.dtype, requires_grad: bool) -> _Value:
-        """A fresh storage holding `shape` elements of `dtype` (chapter 5)."""
-        key = len(self.sizes)
-        self.sizes[key] = math.prod(shape) * _itemsize(dtype)
-        return _Value(key, shape, dtype, requires_grad)
-
-    def save(self, value: _Value) -> int:
-        """Mark a storage as saved; return the bytes this adds (0 if already saved) (chapter 5)."""
-        if value.key in self.saved:
-            return 0
-        self.saved.add(value.key)
-        return self.sizes[value.key]
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of `dtype` (chapter 5)."""
-    return torch.empty((), dtype=dtype).element_size()
+def _save(saved: set[int], value: _Value) -> int:
+    """Mark a storage as saved; return the bytes this adds (0 if already saved) (chapter 5)."""
+    if value.key in saved:
+        return 0
+    saved.add(value.key)
+    return math.prod(value.shape) * value.dtype.itemsize
 
 
 def _short(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> 'bfloat16' (chapter 5)."""
     return str(dtype).removeprefix("torch.")
-
-
-def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
-    """An int or a 2-tuple as a 2-tuple (chapter 5)."""
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 def _leaves(model: nn.Module) -> list[nn.Module]:
@@ -235,68 +165,41 @@ def _leaves(model: nn.Module) -> list[nn.Module]:
     return out
 
 
-def _conv_shape(layer: nn.Conv2d, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Output shape of a Conv2d for an input of `shape` (chapter 5)."""
-    if shape[-3] != layer.in_channels:
-        raise ValueError(f"{layer} got {shape[-3]} input channels.")
-    hw = []
-    for i, (size, k, s, d) in enumerate(
-        zip(shape[-2:], layer.kernel_size, layer.stride, layer.dilation)
-    ):
-        if layer.padding == "same":
-            hw.append(size)
-            continue
-        p = 0 if layer.padding == "valid" else _pair(layer.padding)[i]
-        hw.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
-    return (*shape[:-3], layer.out_channels, *hw)
-
-
-def _pool_shape(layer: nn.MaxPool2d, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Output shape of a MaxPool2d, with PyTorch's ceil_mode rule (chapter 5)."""
-    k, s, p, d = (
-        _pair(a)
-        for a in (
-            layer.kernel_size,
-            layer.stride or layer.kernel_size,
-            layer.padding,
-            layer.dilation,
-        )
-    )
-    hw = []
-    for i, size in enumerate(shape[-2:]):
-        n = size + 2 * p[i] - d[i] * (k[i] - 1) - 1
-        length = (-(-n // s[i]) if layer.ceil_mode else n // s[i]) + 1
-        if layer.ceil_mode and (length - 1) * s[i] >= size + p[i]:
-            length -= 1
-        hw.append(length)
-    return (*shape[:-2], *hw)
+def _out_shape(layer: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output shape of `layer` for an input of `shape`, as torch computes it on the meta device (chapter 5)."""
+    weights = {k: torch.empty_like(t, device="meta") for k, t in layer.state_dict().items()}
+    dtype = next(iter(weights.values())).dtype if weights else torch.float32
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    return tuple(torch.func.functional_call(layer, weights, (x,)).shape)
 
 
 def _matmul_layer(
-    layer: nn.Linear | nn.Conv2d, v: _Value, ledger: _Ledger, amp: torch.dtype | None
+    layer: nn.Linear | nn.Conv2d, v: _Value, saved: set[int], amp: torch.dtype | None
 ) -> _Step:
     """Linear and Conv2d: the input (cast under autocast) and, if needed, a weight copy (chapter 5)."""
     conv = isinstance(layer, nn.Conv2d)
     if not conv and v.shape[-1] != layer.in_features:
         raise ValueError(f"{layer} got inputs with {v.shape[-1]} features.")
-    shape = _conv_shape(layer, v.shape) if conv else (*v.shape[:-1], layer.out_features)
+    if conv and v.shape[-3] != layer.in_channels:
+        raise ValueError(f"{layer} got {v.shape[-3]} input channels.")
+    shape = _out_shape(layer, v.shape)
     w = layer.weight
     out_rg = v.requires_grad or any(p.requires_grad for p in layer.parameters())
     compute = amp or v.dtype
     if not out_rg:
-        return _Step(ledger.new(shape, compute, False), "nothing (no gradient needed)")
-    inp = v if v.dtype == compute else ledger.new(v.shape, compute, v.requires_grad)
-    step = _Step(ledger.new(shape, compute, True), "")
+        return _Step(_Value(shape, compute, False), "nothing (no gradient needed)")
+    inp = v if v.dtype == compute else _Value(v.shape, compute, v.requires_grad)
+    step = _Step(_Value(shape, compute, True), "")
     kept = []
     # A convolution keeps its input and weight. A matmul keeps its input only if the weight
     # needs a gradient, and the weight only if the input needs one.
     if conv or w.requires_grad:
-        added = ledger.save(inp)
+        added = _save(saved, inp)
         step.added += added
         kept.append("input" + (f" ({_short(compute)} copy)" if inp is not v else ""))
         kept[-1] += "" if added else " (already counted)"
     if (conv or v.requires_grad) and w.dtype != compute:
-        copy = ledger.save(ledger.new(tuple(w.shape), compute, False))
+        copy = _save(saved, _Value(tuple(w.shape), compute, False))
         step.added, step.copies = step.added + copy, copy
         kept.append(f"weight ({_short(compute)} copy)")
     step.keeps = " + ".join(kept) or "nothing"
@@ -304,45 +207,36 @@ def _matmul_layer(
 
 
 _SAVES_OUTPUT = (nn.ReLU, nn.Sigmoid, nn.Tanh)
-_SAVES_INPUT = (nn.GELU, nn.SiLU)
-_SUPPORTED = "Linear, Conv2d, ReLU, Sigmoid, Tanh, GELU, SiLU, MaxPool2d, Flatten, Identity"
+_SAVES_INPUT = (nn.GELU, nn.SiLU, nn.MaxPool2d)
+_VIEWS = {nn.Flatten: "nothing (a view)", nn.Identity: "nothing"}
 
 
-def _layer(layer: nn.Module, v: _Value, ledger: _Ledger, amp: torch.dtype | None) -> _Step:
+def _layer(layer: nn.Module, v: _Value, saved: set[int], amp: torch.dtype | None) -> _Step:
     """Apply one layer's saving rule (chapter 5)."""
     if isinstance(layer, (nn.Linear, nn.Conv2d)):
-        return _matmul_layer(layer, v, ledger, amp)
-    if isinstance(layer, _SAVES_OUTPUT + _SAVES_INPUT):
-        inplace = getattr(layer, "inplace", False)
-        out = v if inplace else ledger.new(v.shape, v.dtype, v.requires_grad)
-        if not v.requires_grad:
-            return _Step(out, "nothing (no gradient needed)")
-        if isinstance(layer, _SAVES_OUTPUT):
-            return _Step(out, "output", ledger.save(out))
-        added = ledger.save(v)
-        return _Step(out, "input" if added else "input (already counted)", added)
+        return _matmul_layer(layer, v, saved, amp)
+    if not isinstance(layer, (*_SAVES_OUTPUT, *_SAVES_INPUT, *_VIEWS)):
+        raise TypeError(
+            f"The analytic count does not know what {type(layer).__name__} saves for backward. "
+            "Supported layers: Linear, Conv2d, ReLU, Sigmoid, Tanh, GELU, SiLU, MaxPool2d, "
+            "Flatten, Identity. Measure other models with ActivationMeter."
+        )
+    if isinstance(layer, nn.MaxPool2d) and layer.return_indices:
+        raise ValueError("The analytic count does not support MaxPool2d(return_indices=True).")
+    shape = _out_shape(layer, v.shape)
+    if type(layer) in _VIEWS:
+        return _Step(_Value(shape, v.dtype, v.requires_grad, v.key), _VIEWS[type(layer)])
+    out = v if getattr(layer, "inplace", False) else _Value(shape, v.dtype, v.requires_grad)
+    if not v.requires_grad:
+        return _Step(out, "nothing (no gradient needed)")
+    if isinstance(layer, _SAVES_OUTPUT):
+        return _Step(out, "output", _save(saved, out))
+    added = _save(saved, v)
+    what = "input" if added else "input (already counted)"
     if isinstance(layer, nn.MaxPool2d):
-        if layer.return_indices:
-            raise ValueError("The analytic count does not support MaxPool2d(return_indices=True).")
-        shape = _pool_shape(layer, v.shape)
-        out = ledger.new(shape, v.dtype, v.requires_grad)
-        if not v.requires_grad:
-            return _Step(out, "nothing (no gradient needed)")
-        kept_input = ledger.save(v)
-        added = kept_input + ledger.save(ledger.new(shape, torch.int64, False))
-        what = "input" if kept_input else "input (already counted)"
-        return _Step(out, f"{what} + int64 indices", added)
-    if isinstance(layer, nn.Flatten):
-        dims = len(v.shape)
-        start, end = layer.start_dim % dims, layer.end_dim % dims
-        shape = (*v.shape[:start], math.prod(v.shape[start : end + 1]), *v.shape[end + 1 :])
-        return _Step(_Value(v.key, shape, v.dtype, v.requires_grad), "nothing (a view)")
-    if isinstance(layer, nn.Identity):
-        return _Step(v, "nothing")
-    raise TypeError(
-        f"The analytic count does not know what {type(layer).__name__} saves for backward. "
-        f"Supported layers: {_SUPPORTED}. Measure other models with ActivationMeter."
-    )
+        indices = _save(saved, _Value(shape, torch.int64, False))
+        return _Step(out, f"{what} + int64 indices", added + indices)
+    return _Step(out, what, added)
 
 
 def activation_table(
@@ -353,38 +247,28 @@ def activation_table(
     autocast_dtype: torch.dtype | None = None,
     checkpoint_every: int = 0,
 ) -> list[dict[str, Any]]:
-    """Per layer: output shape, what autograd keeps and the bytes that adds, from shapes alone (chapter 5).
-
-    The rules are those of CPU and CUDA autograd. With ``checkpoint_every=k`` the top-level
-    children run in checkpointed segments of k (as :func:`checkpointed_forward` does): each
-    segment keeps only its input, nothing inside it.
-    """
+    """Per layer: output shape, what CPU/CUDA autograd keeps and the bytes that adds, from shapes alone (chapter 5)."""
     batch_size = positive_int(batch_size, "batch_size")
     shape = tuple(positive_int(s, "each entry of sample_shape") for s in sample_shape)
-    layers = _leaves(model)
-    if checkpoint_every:
-        every = positive_int(checkpoint_every, "checkpoint_every")
-        children = list(model)
-        groups = [children[i : i + every] for i in range(0, len(children), every)]
-    else:
-        groups = [[layer] for layer in layers]
+    layers = _leaves(model)  # checks that the model is an nn.Sequential
+    every = positive_int(checkpoint_every, "checkpoint_every") if checkpoint_every else 1
+    units = list(model) if checkpoint_every else layers
+    groups = [units[i : i + every] for i in range(0, len(units), every)]
     params = list(model.parameters())
-    ledger = _Ledger()
-    v = ledger.new((batch_size, *shape), params[0].dtype if params else torch.float32, False)
+    v = _Value((batch_size, *shape), params[0].dtype if params else torch.float32, False)
+    saved: set[int] = set()
     rows: list[dict[str, Any]] = []
     for group in groups:
         inner = [leaf for child in group for leaf in _leaves(nn.Sequential(child))]
         if checkpoint_every:
-            scratch = _Ledger(sizes=dict(ledger.sizes))  # the segment's own savings are dropped
-            out = v
+            out, scratch = v, set()  # the segment's own savings are dropped
             for layer in inner:
                 out = _layer(layer, out, scratch, autocast_dtype).out
-            ledger.sizes.update(scratch.sizes)
             names = "+".join(type(m).__name__ for m in inner)
-            step = _Step(out, "segment input only", ledger.save(v))
+            step = _Step(out, "segment input only", _save(saved, v))
             label = f"checkpoint({names})"
         else:
-            step = _layer(inner[0], v, ledger, autocast_dtype)
+            step = _layer(inner[0], v, saved, autocast_dtype)
             label = type(inner[0]).__name__
         rows.append(
             {
@@ -409,11 +293,5 @@ def analytic_activation_bytes(
     checkpoint_every: int = 0,
 ) -> int:
     """Total bytes autograd keeps for one forward, predicted from layer types and shapes (chapter 5)."""
-    rows = activation_table(
-        model,
-        sample_shape,
-        batch_size,
-        autocast_dtype=autocast_dtype,
-        checkpoint_every=checkpoint_every,
-    )
-    return sum(r["bytes"] for r in rows)
+    options = {"autocast_dtype": autocast_dtype, "checkpoint_every": checkpoint_every}
+    return sum(r["bytes"] for r in activation_table(model, sample_shape, batch_size, **options))

@@ -1,15 +1,10 @@
-"""Feeding the device: mini-batches cut from tensors that already live there (chapter 2).
-
-A ``DataLoader`` over a ``TensorDataset`` indexes one sample at a time in Python and stacks
-them (collate) for every batch. When the whole dataset fits on the device, one ``randperm``
-per epoch and one gather per batch do the same job with two tensor operations.
-"""
+"""Feeding the device: batches of device-resident tensors, and the DataLoader pieces (chapter 2)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -19,8 +14,6 @@ from helpers.validate import positive_int
 
 def check_batch_size(batch_size: int, n_samples: int) -> int:
     """`batch_size` as an int if 0 < batch_size <= n_samples, else a ValueError saying what to do (chapter 2)."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
-        raise ValueError(f"n_samples must be a whole number >= 0, got {n_samples!r}.")
     if n_samples == 0:
         raise ValueError("The dataset is empty (0 samples): there is nothing to batch.")
     batch_size = positive_int(batch_size, "batch_size")
@@ -101,11 +94,9 @@ class PermutationSampler(Sampler[int]):
     """A DataLoader sampler drawing exactly one randperm(n, generator) per epoch, like ResidentBatches (chapter 2)."""
 
     def __init__(self, n_samples: int, generator: torch.Generator) -> None:
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples <= 0:
-            raise ValueError(f"n_samples must be a whole number > 0, got {n_samples!r}.")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}.")
-        self.n, self.generator = n_samples, generator
+        self.n, self.generator = positive_int(n_samples, "n_samples"), generator
 
     def __len__(self) -> int:
         return self.n
@@ -115,12 +106,7 @@ class PermutationSampler(Sampler[int]):
 
 
 class SlowReadDataset(Dataset):
-    """(x[i], y[i]) after waiting `read_seconds`, standing in for a slow disk or network read (chapter 2).
-
-    The wait is a ``time.sleep``, which leaves the CPU free the way waiting for storage does.
-    It lives in a module (not the notebook) so DataLoader workers can import it under the
-    ``spawn`` start method (macOS, Windows).
-    """
+    """(x[i], y[i]) after `read_seconds`: a slow disk read that spawned DataLoader workers can import (chapter 2)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, read_seconds: float) -> None:
         _check_tensors((x, y))
@@ -135,17 +121,3 @@ class SlowReadDataset(Dataset):
         if self.read_seconds:
             time.sleep(self.read_seconds)
         return self.x[i], self.y[i]
-
-
-class DeviceLoader:
-    """Wrap a DataLoader so each batch arrives on `device` (non_blocking where pinned) (chapter 2)."""
-
-    def __init__(self, loader: Iterable, device: str | torch.device) -> None:
-        self.loader, self.device = loader, torch.device(device)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        for batch in self.loader:
-            yield tuple(t.to(self.device, non_blocking=t.is_pinned()) for t in batch)

@@ -1,35 +1,21 @@
-"""The chapter's case study: a deliberately slow training loop, and its fixes one at a time (chapter 6).
-
-One function, :func:`train`, holds the loop; each keyword switches one fix on, so every
-variant is the same code apart from the fix it names:
-
-- ``no_sync``: no ``loss.item()`` + ``print`` every step; the loss is summed on the device
-  and read once per epoch;
-- ``preprocess_once``: standardise and clip the whole data set once, vectorised, instead of
-  one sample at a time in ``Dataset.__getitem__``;
-- ``resident``: keep the data on the device and slice batches with the epoch's permutation,
-  instead of a ``DataLoader`` that indexes and collates sample by sample;
-- ``big_batch``: a 16x bigger batch. This one changes the math (fewer, larger steps).
-
-The first three keep the math: same permutations, same batches, same arithmetic, so the
-parameters end up equal to the slow loop's (checked by :func:`same_result`).
-"""
+"""The chapter's case study: a deliberately slow training loop, and its fixes one at a time (chapter 6)."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 from torch.profiler import record_function
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
+from helpers.models import make_mlp
 from helpers.timing import benchmark
 from helpers.validate import positive_int
 
@@ -41,23 +27,15 @@ FIX_NAMES = {
 }
 
 #: The cumulative variants of the case-study table: each adds one fix to the one before.
-VARIANTS: list[tuple[str, dict[str, bool]]] = [
-    ("slow loop, as written", {}),
-    ("+ " + FIX_NAMES["no_sync"], {"no_sync": True}),
-    ("+ " + FIX_NAMES["preprocess_once"], {"no_sync": True, "preprocess_once": True}),
-    ("+ " + FIX_NAMES["resident"], {"no_sync": True, "preprocess_once": True, "resident": True}),
-    (
-        "+ " + FIX_NAMES["big_batch"],
-        {"no_sync": True, "preprocess_once": True, "resident": True, "big_batch": True},
-    ),
+VARIANTS: list[tuple[str, dict[str, bool]]] = [("slow loop, as written", {})] + [
+    ("+ " + FIX_NAMES[key], dict.fromkeys(list(FIX_NAMES)[: i + 1], True))
+    for i, key in enumerate(FIX_NAMES)
 ]
 
 
 def make_model() -> nn.Module:
     """The sources' MLP, 20-64-32-1, returning logits (chapter 6)."""
-    return nn.Sequential(
-        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1)
-    )
+    return make_mlp((20, 64, 32, 1))
 
 
 def preprocess(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -82,19 +60,6 @@ class PreprocessingDataset(Dataset):
         return torch.tensor(z, dtype=torch.float32), self.y[i]
 
 
-class PairDataset(Dataset):
-    """Samples that are already preprocessed: (x[i], y[i]) (chapter 6)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
-
-
 @dataclass
 class CaseStudy:
     """Everything every variant shares: raw data, statistics, per-epoch permutations, initial weights (chapter 6)."""
@@ -107,42 +72,26 @@ class CaseStudy:
     init_state: dict[str, torch.Tensor]
     batch_size: int = 64
     big_batch_size: int = 1024
-    lr: float = 1e-3
-
-    @property
-    def epochs(self) -> int:
-        """How many epochs a run trains (one permutation each) (chapter 6)."""
-        return len(self.perms)
 
 
-def make_case_study(
-    n_samples: int = 4096,
-    epochs: int = 1,
-    batch_size: int = 64,
-    big_batch_size: int = 1024,
-    seed: int = 0,
-) -> CaseStudy:
+def make_case_study(n_samples: int = 4096, epochs: int = 1, seed: int = 0) -> CaseStudy:
     """The sources' synthetic task, fixed permutations and fixed initial weights (chapter 6)."""
     n_samples, epochs = positive_int(n_samples, "n_samples"), positive_int(epochs, "epochs")
-    batch_size = positive_int(batch_size, "batch_size")
-    big_batch_size = positive_int(big_batch_size, "big_batch_size")
     x, y = make_classification_data(n_samples, 20, seed=seed)
     g = torch.Generator().manual_seed(seed)
     perms = [torch.randperm(n_samples, generator=g) for _ in range(epochs)]
     torch.manual_seed(seed)
     init = {k: v.clone() for k, v in make_model().state_dict().items()}
-    return CaseStudy(x, y, x.mean(0), x.std(0), perms, init, batch_size, big_batch_size)
+    return CaseStudy(x, y, x.mean(0), x.std(0), perms, init)
 
 
 @dataclass
 class RunResult:
-    """What a training run computed: mean loss per epoch, final parameters, steps, lines logged (chapter 6)."""
+    """What a training run computed: mean loss per epoch, final parameters, steps (chapter 6)."""
 
     epoch_losses: list[float]
     params: torch.Tensor
     steps: int
-    log_lines: int
-    options: dict[str, bool] = field(default_factory=dict)
 
 
 def train(
@@ -156,7 +105,7 @@ def train(
     log: io.StringIO | None = None,
     on_step: Callable[[], object] | None = None,
 ) -> RunResult:
-    """Train the case study's MLP for cs.epochs epochs; each keyword switches one fix on (chapter 6).
+    """Train the case study's MLP, one epoch per permutation in cs.perms; each keyword switches one fix on (chapter 6).
 
     `on_step` is called after every training step, e.g. ``prof.step`` of a running profiler.
     """
@@ -165,17 +114,16 @@ def train(
     model = make_model()
     model.load_state_dict(cs.init_state)
     model.to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cs.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.BCEWithLogitsLoss()
     batch = cs.big_batch_size if big_batch else cs.batch_size
     if resident:
-        x_all = preprocess(cs.x, cs.mean, cs.std).to(device)
-        y_all = cs.y.to(device)
+        x_all, y_all = preprocess(cs.x, cs.mean, cs.std).to(device), cs.y.to(device)
     elif preprocess_once:
-        dataset: Dataset = PairDataset(preprocess(cs.x, cs.mean, cs.std), cs.y)
+        dataset: Dataset = TensorDataset(preprocess(cs.x, cs.mean, cs.std), cs.y)
     else:
         dataset = PreprocessingDataset(cs.x, cs.y, cs.mean, cs.std)
-    epoch_losses, steps, lines = [], 0, 0
+    epoch_losses, steps = [], 0
     for epoch, perm in enumerate(cs.perms):
         if resident:
             batches = iter(perm.to(device).split(batch))
@@ -203,7 +151,6 @@ def train(
                     value = loss.item()  # waits for the device, every step
                     total += value
                     print(f"epoch {epoch} step {n} loss {value:.4f}", file=log)
-                    lines += 1
             n += 1
             if on_step is not None:
                 on_step()  # e.g. prof.step() when profiling
@@ -211,10 +158,8 @@ def train(
         mean = (total_on_device / n).item() if no_sync else total / n
         print(f"epoch {epoch}: mean loss {mean:.4f}", file=log)
         epoch_losses.append(mean)
-        lines += 1
     params = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
-    options = {"no_sync": no_sync, "preprocess_once": preprocess_once, "resident": resident}
-    return RunResult(epoch_losses, params, steps, lines, {**options, "big_batch": big_batch})
+    return RunResult(epoch_losses, params, steps)
 
 
 def same_result(a: RunResult, b: RunResult, atol: float = 1e-6) -> bool:
@@ -232,8 +177,7 @@ def time_variant(
     cs: CaseStudy, device: str | torch.device, min_run_time: float = 0.3, **fixes: bool
 ) -> tuple[float, RunResult]:
     """Median seconds per epoch of one variant (helpers.timing.benchmark) and the result it computed (chapter 6)."""
-    unknown = set(fixes) - set(FIX_NAMES)
-    if unknown:
+    if unknown := set(fixes) - set(FIX_NAMES):
         raise ValueError(f"Unknown fix(es) {sorted(unknown)}; choose from {sorted(FIX_NAMES)}.")
     results: list[RunResult] = []
     timing = benchmark(
@@ -243,7 +187,7 @@ def time_variant(
         min_run_time=min_run_time,
         min_repeats=3,
     )
-    return timing.median / cs.epochs, results[0]
+    return timing.median / len(cs.perms), results[0]
 
 
 def case_study_table(
@@ -251,24 +195,22 @@ def case_study_table(
 ) -> list[dict[str, object]]:
     """Time every cumulative variant, with its speed-up and whether it computes what the slow loop does (chapter 6)."""
     rows: list[dict[str, object]] = []
-    slow_result: RunResult | None = None
-    previous = first = 0.0
     for name, fixes in VARIANTS:
         seconds, result = time_variant(cs, device, min_run_time, **fixes)
-        if slow_result is None:
-            slow_result, previous, first = result, seconds, seconds
+        if not rows:  # VARIANTS[0], the slow loop
+            slow_s, slow, previous = seconds, result, seconds
         if fixes.get("big_batch"):
             same = f"different math (batch {cs.big_batch_size}, {result.steps} steps)"
         else:
-            same = "yes" if same_result(result, slow_result) else "NO"
+            same = "yes" if same_result(result, slow) else "NO"
         rows.append(
             {
                 "variant": name,
                 "ms per epoch": seconds * 1e3,
                 "speed-up vs previous": previous / seconds,
-                "speed-up vs slow": first / seconds,
+                "speed-up vs slow": slow_s / seconds,
                 "final loss": result.epoch_losses[-1],
-                "max |Δ param|": (result.params - slow_result.params).abs().max().item(),
+                "max |Δ param|": (result.params - slow.params).abs().max().item(),
                 "same result as slow": same,
             }
         )
@@ -284,13 +226,7 @@ def plot_case_study(rows: list[dict[str, object]]) -> Figure:
     ms = [float(r["ms per epoch"]) for r in rows][::-1]
     fig, ax = plt.subplots(figsize=(7.0, 0.55 * len(rows) + 1.2))
     bars = ax.barh(names, ms, color="tab:blue")
-    for bar, r in zip(bars, rows[::-1]):
-        ax.text(
-            bar.get_width(),
-            bar.get_y() + bar.get_height() / 2,
-            f" {r['speed-up vs slow']:.1f}x",
-            va="center",
-        )
+    ax.bar_label(bars, [f" {r['speed-up vs slow']:.1f}x" for r in rows[::-1]])
     ax.set_xlabel("ms per epoch (median)")
     ax.set_xlim(0, max(ms) * 1.2)
     ax.set_title("Case study: each fix added to the previous ones")
@@ -308,19 +244,17 @@ def run_fixes(
     device: str | torch.device = "cpu",
 ) -> dict[str, object]:
     """Widget run: time the slow loop and the loop with the chosen fixes; compare their results (chapter 6)."""
-    cs = make_case_study(n_samples=positive_int(n_samples, "n_samples"))
+    cs = make_case_study(n_samples=n_samples)
     fixes = {"no_sync": no_sync, "preprocess_once": preprocess_once, "resident": resident}
     fixes["big_batch"] = big_batch
     slow_s, slow = time_variant(cs, device, min_run_time=0.2)
     fixed_s, fixed = time_variant(cs, device, min_run_time=0.2, **fixes)
-    chosen = [FIX_NAMES[k] for k, on in fixes.items() if on]
     return {
-        "chosen": chosen,
+        "chosen": [FIX_NAMES[k] for k, on in fixes.items() if on],
         "slow s": slow_s,
         "fixed s": fixed_s,
         "speed-up": slow_s / fixed_s,
         "same result": None if big_batch else same_result(fixed, slow),
-        "losses": (slow.epoch_losses[-1], fixed.epoch_losses[-1]),
     }
 
 
@@ -330,11 +264,8 @@ def plot_fixes(result: dict[str, object]) -> Figure:
     label = "\n".join(result["chosen"]) or "no fixes"
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     ax.bar(["slow loop", label], ms, color=["tab:red", "tab:green"])
-    same = result["same result"]
-    verdict = (
-        "changes the math" if same is None else ("same result" if same else "DIFFERENT result")
-    )
-    ax.set_title(f"{result['speed-up']:.1f}x faster; {verdict}")
+    verdicts = {None: "changes the math", True: "same result", False: "DIFFERENT result"}
+    ax.set_title(f"{result['speed-up']:.1f}x faster; {verdicts[result['same result']]}")
     ax.set_ylabel("ms per epoch (median)")
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)

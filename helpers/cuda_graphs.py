@@ -1,11 +1,4 @@
-"""Chapter 2: one whole training step (forward, backward, Adam) captured as a CUDA graph, replayed per batch.
-
-The CUDA-only lines follow the PyTorch docs (torch.cuda.graphs, "whole network capture" in the
-CUDA semantics notes): warm up on a side stream, capture with ``torch.cuda.graph(g)``, copy each
-batch into static input buffers, and use an optimizer built with ``capturable=True``. Every
-decision around them (can this device capture, which batch shapes, the epoch's data flow) is
-plain Python that CPU tests run.
-"""
+"""The whole training step as CUDA graphs, the docs' "whole network capture" (chapter 2)."""
 
 from __future__ import annotations
 
@@ -30,15 +23,13 @@ class StaticStep:
 
 
 def graph_capture_plan(device: str | torch.device) -> tuple[bool, str]:
-    """(capture the step?, why): True only on a CUDA or ROCm device with torch.cuda.graph (chapter 2)."""
+    """(capture the step?, why): True only on a CUDA or ROCm device (chapter 2)."""
     device = resolve_device(device)
     if device.type != "cuda":
         return False, (
             f"CUDA graphs need a CUDA or ROCm GPU and this is {device.type}: the final loop "
             "stays the eager resident loop"
         )
-    if not hasattr(torch.cuda, "graph") or not hasattr(torch.cuda, "CUDAGraph"):
-        return False, "this torch has no torch.cuda.graph: the final loop stays eager"
     return True, "CUDA: the whole step is captured once per batch shape and replayed"
 
 
@@ -64,11 +55,7 @@ def capture_steps(
     sizes: Iterable[int],
     warmup: int = 3,
 ) -> dict[int, StaticStep]:
-    """Capture one whole training step per batch size as a CUDA graph; model and Adam state restored first (chapter 2).
-
-    CUDA only. The optimizer must be an Adam built with ``capturable=True`` (its fresh state is
-    all zeros, which is how the warm-up's steps are undone).
-    """
+    """Capture one training step per batch size as a CUDA graph (capturable Adam, warm-up undone) (chapter 2)."""
     sizes = list(dict.fromkeys(sizes))
     start = [p.detach().clone() for p in model.parameters()]
     side = torch.cuda.Stream(x.device)
@@ -98,27 +85,6 @@ def capture_steps(
             optimizer.step()
         steps[b] = StaticStep(static_x, static_y, static_loss, graph.replay)
     return steps
-
-
-def eager_static_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    x_example: torch.Tensor,
-    y_example: torch.Tensor,
-) -> StaticStep:
-    """A StaticStep whose replay() runs the step eagerly on its buffers: graphed_epoch's data flow on any device (chapter 2)."""
-    static_x, static_y = x_example.clone(), y_example.clone()
-    static_loss = torch.zeros((), device=static_x.device)
-
-    def replay() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(static_x), static_y)
-        loss.backward()
-        optimizer.step()
-        static_loss.copy_(loss.detach())
-
-    return StaticStep(static_x, static_y, static_loss, replay)
 
 
 def graphed_epoch(steps: dict[int, StaticStep], batches: ResidentBatches) -> list[float]:

@@ -1,9 +1,4 @@
-"""The sources' training loop and the chapter's fast loop, shared by notebooks and benchmarks (chapter 2).
-
-Both loops train the sources' MLP (20-64-32-1) on the sources' task. The notebook prints
-their code with ``inspect.getsource`` and ``benchmarks/ch02_training_loop.py`` runs exactly
-the same functions, so what the chapter shows is what the benchmark measures.
-"""
+"""Training loops and optimizers that the notebook prints and benchmarks/ch02 runs (chapter 2)."""
 
 from __future__ import annotations
 
@@ -17,22 +12,6 @@ from torch import nn
 
 from helpers.devices import resolve_device, synchronize
 from helpers.validate import positive_int
-
-ADAM_IMPLS = ("for-loop", "foreach", "fused")
-
-
-def make_mlp(logits: bool = False) -> nn.Sequential:
-    """The sources' MLP 20-64-32-1 ending in Sigmoid, or returning logits if `logits` (chapter 2)."""
-    layers: list[nn.Module] = [
-        nn.Linear(20, 64),
-        nn.ReLU(),
-        nn.Linear(64, 32),
-        nn.ReLU(),
-        nn.Linear(32, 1),
-    ]
-    if not logits:
-        layers.append(nn.Sigmoid())
-    return nn.Sequential(*layers)
 
 
 def best_adam_impl(device: str | torch.device) -> str:
@@ -50,8 +29,9 @@ def make_adam(
     params: Iterable[nn.Parameter], lr: float = 1e-3, impl: str = "for-loop"
 ) -> torch.optim.Adam:
     """Adam with one implementation: 'for-loop' (one op per tensor), 'foreach' or 'fused' (chapter 2)."""
-    if impl not in ADAM_IMPLS:
-        raise ValueError(f"impl must be one of {ADAM_IMPLS}, got {impl!r}.")
+    flags = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    if impl not in flags:
+        raise ValueError(f"impl must be one of {tuple(flags)}, got {impl!r}.")
     params = list(params)
     if impl == "fused":
         devices = {p.device for p in params}
@@ -61,19 +41,11 @@ def make_adam(
                 f"Adam(impl='fused') is not supported on {', '.join(unsupported)} with torch "
                 f"{torch.__version__}. Use impl='foreach' (or best_adam_impl(device))."
             )
-    flags = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
     return torch.optim.Adam(params, lr=lr, **flags[impl])
 
 
 def flatten_parameters(model: nn.Module) -> nn.Parameter:
-    """Move all of `model`'s parameters and gradients into one buffer each; returns the flat parameter (chapter 2).
-
-    Each parameter of the model becomes a view (a window) into one flat tensor, and its
-    ``.grad`` a view into one flat gradient buffer, so backward adds every gradient into that
-    buffer and one optimizer update on the flat tensor updates the whole model. Zero the
-    gradients in place from then on (``flat.grad.zero_()``): ``set_to_none=True`` would
-    replace the views. Flatten after ``model.to(device)``, not before.
-    """
+    """Make `model`'s parameters (and .grads) views of one flat tensor (and its .grad); returns it (chapter 2)."""
     params = list(model.parameters())
     if not params:
         raise ValueError("The model has no parameters to flatten.")
@@ -98,13 +70,7 @@ def flatten_parameters(model: nn.Module) -> nn.Parameter:
 
 
 class FlatAdam:
-    """Adam on one flat parameter in seven tensor ops: torch.optim.Adam's math without its per-step bookkeeping (chapter 2).
-
-    The update is torch.optim.Adam's (no weight decay, no AMSGrad). What it leaves out is
-    what makes ``torch.optim`` general: parameter groups, hooks, per-tensor state, learning
-    rate schedulers and ``state_dict``. Worth it only where a profile shows that the
-    optimizer's Python dominates a tiny step, as in chapter 2.
-    """
+    """Adam on one flat parameter in seven tensor ops: torch.optim.Adam's math without its per-step bookkeeping (chapter 2)."""
 
     def __init__(
         self,

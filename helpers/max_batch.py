@@ -1,16 +1,4 @@
-"""Surviving out-of-memory, and finding the largest batch that fits (chapter 5).
-
-:func:`try_step` runs a function and turns an out-of-memory error into a clear message,
-after dropping everything the failed call held (the exception's traceback keeps its frames,
-and their tensors, alive). :func:`find_max_batch` finds the largest batch size that fits by
-doubling, then binary search. What "fits" means is a function of the batch size:
-
-- :func:`budget_fits` compares the training bill (exact fixed part plus the activation
-  meter, or the analytic estimate) with a byte budget. It works on every device, and is the
-  only safe way on a CPU, where running out of memory can get the process killed.
-- :func:`oom_fits` runs a real training step and treats a real out-of-memory error as
-  "does not fit" (CUDA, ROCm, MPS).
-"""
+"""Surviving out-of-memory, and the largest batch that fits a byte budget or a GPU (chapter 5)."""
 
 from __future__ import annotations
 
@@ -22,20 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from helpers.activations import measure_activation_bytes
+from helpers.activations import analytic_activation_bytes, measure_activation_bytes
 from helpers.devices import resolve_device
 from helpers.memory_bill import autocast_dtype, estimate_training_memory
 from helpers.sweeps import free_cached_memory, is_out_of_memory
 from helpers.tables import format_table
-from helpers.units import format_bytes
+from helpers.units import Printed, format_bytes
 from helpers.validate import positive_int
-
-#: What a "fits" function may return: a bool, or (bool, a short explanation).
-FitsResult = bool | tuple[bool, str]
-
-
-class BatchDoesNotFit(ValueError):
-    """Even the smallest batch tried does not fit (chapter 5)."""
 
 
 @dataclass
@@ -45,9 +26,6 @@ class StepOutcome:
     ok: bool
     message: str
     value: Any = None
-
-    def __bool__(self) -> bool:
-        return self.ok
 
 
 def _oom_message(text: str) -> str:
@@ -87,7 +65,7 @@ def try_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StepOutcome:
 
 
 @dataclass
-class MaxBatchResult:
+class MaxBatchResult(Printed):
     """The largest batch that fit, and every probe made to find it (chapter 5)."""
 
     largest: int
@@ -95,23 +73,15 @@ class MaxBatchResult:
     limit: int = 0
     method: str = ""
 
-    @property
-    def hit_limit(self) -> bool:
-        """True when even the limit fitted, so the real maximum may be larger (chapter 5)."""
-        return self.largest >= self.limit
-
     def __str__(self) -> str:
         head = f"largest batch that fits: {self.largest}"
-        if self.hit_limit:
+        if self.largest >= self.limit:  # even the limit fitted: the real maximum may be larger
             head += " (the search limit; larger may fit too)"
         head += f"  [{self.method}, {len(self.probes)} probes]" if self.method else ""
         return f"{head}\n{format_table(self.probes)}"
 
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
 
-
-def _ask(fits: Callable[[int], FitsResult], batch: int, probes: list[dict[str, Any]]) -> bool:
+def _ask(fits: Callable[[int], bool | tuple[bool, str]], batch: int, probes: list[dict]) -> bool:
     """Call fits(batch), record the probe, return the verdict (chapter 5)."""
     answer = fits(batch)
     ok, detail = answer if isinstance(answer, tuple) else (answer, "")
@@ -122,13 +92,13 @@ def _ask(fits: Callable[[int], FitsResult], batch: int, probes: list[dict[str, A
 
 
 def find_max_batch(
-    fits: Callable[[int], FitsResult], *, start: int = 1, limit: int = 1 << 16, method: str = ""
+    fits: Callable[[int], bool | tuple[bool, str]],
+    *,
+    start: int = 1,
+    limit: int = 1 << 16,
+    method: str = "",
 ) -> MaxBatchResult:
-    """Largest batch in [start, limit] with fits(batch) true: double until it fails, then binary search (chapter 5).
-
-    Assumes that if a batch fits, every smaller one does. Raises BatchDoesNotFit when even
-    `start` does not fit.
-    """
+    """Largest batch in [start, limit] that fits (smaller ones assumed to): double, then bisect (chapter 5)."""
     if not callable(fits):
         raise TypeError(f"fits must be a function of the batch size, got {type(fits).__name__}.")
     start = positive_int(start, "start (the first batch size to try)")
@@ -137,102 +107,18 @@ def find_max_batch(
         raise ValueError(f"limit ({limit}) must be >= start ({start}).")
     probes: list[dict[str, Any]] = []
     if not _ask(fits, start, probes):
-        raise BatchDoesNotFit(
+        raise ValueError(
             f"Even batch size {start} does not fit: {probes[-1]['detail'] or 'fits() said no'}. "
             "Free memory, shrink the model or its optimizer state, or raise the budget."
         )
-    good, bad = start, None
-    while bad is None and good < limit:
-        trial = min(good * 2, limit)
+    good, bad = start, limit + 1  # bad: the smallest batch known not to fit
+    while bad - good > 1:  # doubling while nothing has failed, then bisection
+        trial = min(2 * good, limit) if bad > limit else (good + bad) // 2
         if _ask(fits, trial, probes):
             good = trial
         else:
             bad = trial
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        if _ask(fits, mid, probes):
-            good = mid
-        else:
-            bad = mid
     return MaxBatchResult(good, probes, limit, method)
-
-
-def _check_budget(budget_bytes: Any) -> int:
-    """A budget as a positive whole number of bytes, or a clear error (chapter 5)."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)):
-        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}.")
-    if not budget_bytes > 0:
-        raise ValueError(
-            f"budget_bytes must be > 0, got {budget_bytes!r}: nothing fits in no memory. "
-            "Give the budget in bytes, e.g. 2 * 2**30 for 2 GiB."
-        )
-    return int(budget_bytes)
-
-
-def budget_fits(
-    model: nn.Module,
-    sample_shape: Sequence[int],
-    budget_bytes: int,
-    *,
-    optimizer: str | torch.optim.Optimizer = "adam",
-    precision: str | torch.dtype | None = None,
-    checkpoint_every: int = 0,
-    method: str = "meter",
-) -> Callable[[int], tuple[bool, str]]:
-    """A fits(batch) that compares the training bill with `budget_bytes` (chapter 5).
-
-    method 'meter' runs one forward at each batch size and measures the activations; method
-    'estimate' uses the analytic count and runs nothing.
-    """
-    budget = _check_budget(budget_bytes)
-    if method not in ("meter", "estimate"):
-        raise ValueError(f"method must be 'meter' or 'estimate', got {method!r}.")
-    amp = autocast_dtype(precision)
-    base = estimate_training_memory(model, 1, sample_shape, optimizer=optimizer, activation_bytes=0)
-    fixed = base.total
-    shape = tuple(sample_shape)
-    param = next(model.parameters())
-
-    def fits(batch: int) -> tuple[bool, str]:
-        batch = positive_int(batch, "batch")
-        if method == "meter":
-            x = torch.randn(batch, *shape, device=param.device, dtype=param.dtype)
-            saved = measure_activation_bytes(
-                model, x, autocast_dtype=amp, checkpoint_every=checkpoint_every
-            )
-            del x
-        else:
-            saved = estimate_training_memory(
-                model,
-                batch,
-                shape,
-                optimizer=optimizer,
-                precision=amp,
-                checkpoint_every=checkpoint_every,
-            ).saved_for_backward
-        need = fixed + saved
-        verdict = "<=" if need <= budget else ">"
-        return need <= budget, f"needs {format_bytes(need)} {verdict} budget {format_bytes(budget)}"
-
-    if fixed > budget:
-        raise BatchDoesNotFit(
-            f"The model alone needs {format_bytes(fixed)} for parameters, gradients and optimizer "
-            f"state, more than the budget of {format_bytes(budget)}: no batch size fits. "
-            "Use an optimizer with less state (SGD), a smaller model, or a bigger budget."
-        )
-    return fits
-
-
-def oom_fits(step: Callable[[int], Any]) -> Callable[[int], tuple[bool, str]]:
-    """A fits(batch) that runs step(batch) for real; out-of-memory means 'does not fit' (chapter 5)."""
-    if not callable(step):
-        raise TypeError(f"step must be a function of the batch size, got {type(step).__name__}.")
-
-    def fits(batch: int) -> tuple[bool, str]:
-        outcome = try_step(step, positive_int(batch, "batch"))
-        return outcome.ok, "ran" if outcome.ok else outcome.message.split(". What")[0]
-
-    return fits
 
 
 def max_batch_under_budget(
@@ -242,19 +128,56 @@ def max_batch_under_budget(
     *,
     method: str = "meter",
     limit: int = 1 << 16,
-    **bill_options: Any,
+    optimizer: str | torch.optim.Optimizer = "adam",
+    precision: str | torch.dtype | None = None,
+    checkpoint_every: int = 0,
 ) -> MaxBatchResult:
     """Largest batch whose training bill fits in `budget_bytes`; safe on every device (chapter 5)."""
-    fits = budget_fits(model, sample_shape, budget_bytes, method=method, **bill_options)
-    return find_max_batch(
-        fits, limit=limit, method=f"budget {format_bytes(_check_budget(budget_bytes))}, {method}"
-    )
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)):
+        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}.")
+    if not budget_bytes > 0:
+        raise ValueError(
+            f"budget_bytes must be > 0, got {budget_bytes!r}: nothing fits in no memory. "
+            "Give the budget in bytes, e.g. 2 * 2**30 for 2 GiB."
+        )
+    budget = int(budget_bytes)
+    if method not in ("meter", "estimate"):
+        raise ValueError(f"method must be 'meter' or 'estimate', got {method!r}.")
+    amp = autocast_dtype(precision)
+    fixed = estimate_training_memory(
+        model, 1, sample_shape, optimizer=optimizer, activation_bytes=0
+    ).total
+    if fixed > budget:
+        raise ValueError(
+            f"The model alone needs {format_bytes(fixed)} for parameters, gradients and optimizer "
+            f"state, more than the budget of {format_bytes(budget)}: no batch size fits. "
+            "Use an optimizer with less state (SGD), a smaller model, or a bigger budget."
+        )
+    param = next(model.parameters())
+
+    def fits(batch: int) -> tuple[bool, str]:
+        if method == "meter":
+            x = torch.randn(batch, *sample_shape, device=param.device, dtype=param.dtype)
+            saved = measure_activation_bytes(
+                model, x, autocast_dtype=amp, checkpoint_every=checkpoint_every
+            )
+        else:
+            saved = analytic_activation_bytes(
+                model, sample_shape, batch, autocast_dtype=amp, checkpoint_every=checkpoint_every
+            )
+        need = fixed + saved
+        verdict = "<=" if need <= budget else ">"
+        return need <= budget, f"needs {format_bytes(need)} {verdict} budget {format_bytes(budget)}"
+
+    return find_max_batch(fits, limit=limit, method=f"budget {format_bytes(budget)}, {method}")
 
 
 def max_batch_before_oom(
     step: Callable[[int], Any], device: str | torch.device, *, limit: int = 1 << 16
 ) -> MaxBatchResult:
     """Largest batch for which step(batch) runs without a real out-of-memory error; not on CPU (chapter 5)."""
+    if not callable(step):
+        raise TypeError(f"step must be a function of the batch size, got {type(step).__name__}.")
     device = resolve_device(device)
     if device.type == "cpu":
         raise ValueError(
@@ -262,4 +185,9 @@ def max_batch_before_oom(
             "system (the Linux OOM killer) instead of raising an error you can catch. Search "
             "against a byte budget instead: max_batch_under_budget(model, sample_shape, budget_bytes)."
         )
-    return find_max_batch(oom_fits(step), limit=limit, method=f"real out-of-memory on {device}")
+
+    def fits(batch: int) -> tuple[bool, str]:
+        outcome = try_step(step, batch)
+        return outcome.ok, "ran" if outcome.ok else outcome.message.split(". What")[0]
+
+    return find_max_batch(fits, limit=limit, method=f"real out-of-memory on {device}")

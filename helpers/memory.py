@@ -1,13 +1,14 @@
-"""Memory readouts per device, peak tracking and byte formatting (chapter 1)."""
+"""Memory readouts per device and peak tracking (chapter 1)."""
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
+import psutil
 import torch
 
 from helpers.devices import resolve_device, synchronize
@@ -16,9 +17,7 @@ from helpers.units import format_bytes
 
 def process_rss() -> int:
     """Resident set size of this whole Python process in bytes (chapter 1)."""
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss
+    return psutil.Process().memory_info().rss
 
 
 def memory_readout(device: str | torch.device | None = None) -> dict[str, int]:
@@ -63,49 +62,41 @@ class PeakMemory:
         return f"peak +{format_bytes(self.increase)} over the start ({self.meter})"
 
 
-def _sampled_peak(
-    read: Callable[[], int], interval: float, stop: threading.Event, out: PeakMemory
-) -> None:
-    """Poll `read` until `stop` is set, keeping the maximum in `out.peak` (chapter 1)."""
-    while not stop.is_set():
-        out.peak = max(out.peak, read())
-        stop.wait(interval)
-
-
 @contextmanager
 def track_peak(
     device: str | torch.device | None = None, interval: float = 0.001
 ) -> Iterator[PeakMemory]:
     """Measure the peak memory of a block: exact on CUDA, sampled on MPS and CPU (chapter 1)."""
     device = resolve_device(device)
-    result = PeakMemory()
     synchronize(device)
-    if device.type == "cuda":
+    exact = device.type == "cuda"
+    if exact:
         torch.cuda.reset_peak_memory_stats(device)
-        result.start = result.peak = torch.cuda.memory_allocated(device)
-        result.meter = "torch.cuda.max_memory_allocated, exact"
-        try:
-            yield result
-        finally:
-            synchronize(device)
-            result.peak = torch.cuda.max_memory_allocated(device)
-            result.end = torch.cuda.memory_allocated(device)
-        return
-    if device.type == "mps":
-        read, result.meter = torch.mps.current_allocated_memory, "MPS allocated, sampled every ms"
+        read = partial(torch.cuda.memory_allocated, device)
+        meter = "torch.cuda.max_memory_allocated, exact"
+    elif device.type == "mps":
+        read, meter = torch.mps.current_allocated_memory, "MPS allocated, sampled every ms"
     else:
-        read, result.meter = process_rss, "process RSS, sampled every ms: approximate"
-    result.start = result.peak = read()
+        read, meter = process_rss, "process RSS, sampled every ms: approximate"
+    start = read()
+    result = PeakMemory(start=start, peak=start, meter=meter)
     stop = threading.Event()
-    sampler = threading.Thread(
-        target=_sampled_peak, args=(read, interval, stop, result), daemon=True
-    )
-    sampler.start()
+
+    def sample() -> None:  # keeps the largest reading until stopped
+        while not stop.is_set():
+            result.peak = max(result.peak, read())
+            stop.wait(interval)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if not exact:
+        sampler.start()
     try:
         yield result
     finally:
         synchronize(device)
         stop.set()
-        sampler.join()
+        if not exact:
+            sampler.join()
         result.end = read()
-        result.peak = max(result.peak, result.end)
+        peak = torch.cuda.max_memory_allocated(device) if exact else result.peak
+        result.peak = max(peak, result.end)

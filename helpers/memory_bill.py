@@ -1,13 +1,4 @@
-"""The training memory bill: predicted from the model, measured from real tensors (chapter 5).
-
-A training step keeps four kinds of tensors: the parameters, their gradients, the optimizer
-state, and the activations autograd saves for backward. :func:`estimate_training_memory`
-predicts each line from the model, the batch and the optimizer alone;
-:func:`measure_training_memory` runs one real step and adds up the bytes of the real tensors
-(activations through :class:`helpers.activations.ActivationMeter`), on any device.
-On CUDA the process also pays for the CUDA context, which no tensor shows; it is quoted as a
-cited range, not predicted.
-"""
+"""The training memory bill: predicted from the model, measured from one real step (chapter 5)."""
 
 from __future__ import annotations
 
@@ -15,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import nn
@@ -27,12 +19,14 @@ from helpers.activations import (
     measure_activation_bytes,
     unique_storage_bytes,
 )
-from helpers.devices import dtype_name, parse_dtype, resolve_device
+from helpers.devices import resolve_device
+from helpers.dtypes import dtype_name
+from helpers.formats import parse_precision
 from helpers.memory import track_peak
-from helpers.precision import PRECISIONS
+from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.tables import format_table
-from helpers.units import GiB, MiB
+from helpers.units import GiB, MiB, Printed
 from helpers.validate import positive_int
 
 #: CUDA context: "0.5-1.8 GiB on A100, depending on version and lazy loading" (stas00/ml-engineering).
@@ -40,9 +34,6 @@ CUDA_CONTEXT_RANGE = (GiB // 2, int(1.8 * GiB))
 
 #: Optimizer-state copies of each parameter, by optimizer name.
 OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "sgd-momentum": 1, "sgd": 0}
-
-#: Extra 4-byte tensors per parameter tensor: Adam's step counter (on the CPU unless fused/capturable).
-_STEP_COUNTERS = {"adam": 1, "adamw": 1, "adam-amsgrad": 1, "sgd-momentum": 0, "sgd": 0}
 
 
 def _trainable(model: nn.Module) -> list[nn.Parameter]:
@@ -84,18 +75,12 @@ def optimizer_kind(optimizer: str | torch.optim.Optimizer) -> str:
 
 def autocast_dtype(precision: str | torch.dtype | None) -> torch.dtype | None:
     """None/'fp32' -> None (no autocast); 'bf16'/'fp16' or a dtype -> that dtype (chapter 5)."""
-    if precision is None:
-        return None
-    dtype = parse_dtype(precision)
-    if dtype == torch.float32:
-        return None
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"autocast runs in bf16 or fp16, not {dtype}.")
-    return dtype
+    dtype = None if precision is None else parse_precision(precision)
+    return None if dtype == torch.float32 else dtype
 
 
 @dataclass
-class MemoryBill:
+class MemoryBill(Printed):
     """Bytes of each line of the training bill; `context` is a cited range on CUDA (chapter 5)."""
 
     parameters: int
@@ -116,8 +101,7 @@ class MemoryBill:
         """Sum of the tensor lines (the CUDA context is not a tensor and is left out) (chapter 5)."""
         return self.parameters + self.gradients + self.optimizer_state + self.saved_for_backward
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The bill as table rows of item, MiB and bytes (chapter 5)."""
+    def __str__(self) -> str:
         items = [
             ("parameters", self.parameters),
             ("gradients", self.gradients),
@@ -129,21 +113,9 @@ class MemoryBill:
         items.append(("total (tensors)", self.total))
         rows = [{"item": k, "MiB": v / MiB, "bytes": v} for k, v in items]
         if self.context is not None:
-            lo, hi = self.context
-            rows.append(
-                {
-                    "item": "CUDA context (cited range)",
-                    "MiB": f"{lo / MiB:.0f}-{hi / MiB:.0f}",
-                    "bytes": "n/a",
-                }
-            )
-        return rows
-
-    def __str__(self) -> str:
-        return f"{self.label}\n{format_table(self.rows())}"
-
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
+            mib = "-".join(f"{b / MiB:.0f}" for b in self.context)
+            rows.append({"item": "CUDA context (cited range)", "MiB": mib, "bytes": "n/a"})
+        return f"{self.label}\n{format_table(rows)}"
 
 
 def estimate_training_memory(
@@ -157,21 +129,15 @@ def estimate_training_memory(
     activation_bytes: int | None = None,
     device: str | torch.device | None = None,
 ) -> MemoryBill:
-    """Predict the training bill of `model` at `batch_size`, line by line, without running it (chapter 5).
-
-    `precision` 'bf16'/'fp16' means autocast: parameters, gradients and optimizer state stay
-    in the parameters' dtype, activations are stored in low precision, and matmul layers keep
-    low-precision weight copies. Activations come from the analytic count
-    (:func:`helpers.activations.activation_table`) unless `activation_bytes` is given.
-    """
+    """Predict the training bill of `model` at `batch_size`, line by line, without running it (chapter 5)."""
     params = _trainable(model)
     batch_size = positive_int(batch_size, "batch_size")
     kind = optimizer_kind(optimizer)
     amp = autocast_dtype(precision)
     trainable = [p for p in params if p.requires_grad]
-    param_bytes = unique_storage_bytes(params)
     grad_bytes = unique_storage_bytes(trainable)
-    state = OPTIMIZER_COPIES[kind] * grad_bytes + 4 * _STEP_COUNTERS[kind] * len(trainable)
+    steps = len(trainable) if kind.startswith("adam") else 0  # Adam's 4-byte step counters
+    state = OPTIMIZER_COPIES[kind] * grad_bytes + 4 * steps
     if activation_bytes is None:
         rows = activation_table(
             model, sample_shape, batch_size, autocast_dtype=amp, checkpoint_every=checkpoint_every
@@ -179,18 +145,10 @@ def estimate_training_memory(
         copies = sum(r["weight-copy bytes"] for r in rows)
         acts = sum(r["bytes"] for r in rows) - copies
     else:
-        if (
-            isinstance(activation_bytes, bool)
-            or not isinstance(activation_bytes, int)
-            or activation_bytes < 0
-        ):
-            raise ValueError(
-                f"activation_bytes must be a whole number >= 0, got {activation_bytes!r}."
-            )
         acts, copies = activation_bytes, 0
     where = resolve_device(device) if device is not None else params[0].device
     return MemoryBill(
-        parameters=param_bytes,
+        parameters=unique_storage_bytes(params),
         gradients=grad_bytes,
         optimizer_state=state,
         activations=acts,
@@ -210,17 +168,12 @@ def measure_training_memory(
     precision: str | torch.dtype | None = None,
     checkpoint_every: int = 0,
 ) -> MemoryBill:
-    """Run one real training step and add up the bytes of the real tensors, line by line (chapter 5).
-
-    The step changes the model's weights like any training step. `activations` is what the
-    meter saw: every tensor saved for backward, autocast weight copies included.
-    """
+    """Run one real training step (it updates the weights) and add up the bytes of the real tensors (chapter 5)."""
     params = _trainable(model)
     amp = autocast_dtype(precision)
     optimizer.zero_grad(set_to_none=True)
     with ActivationMeter(model) as meter, autocast_context(x.device.type, amp):
         out = checkpointed_forward(model, x, checkpoint_every) if checkpoint_every else model(x)
-    saved = meter.total_bytes  # the model's forward only: the loss below is not metered
     with autocast_context(x.device.type, amp):
         loss = loss_fn(out, y)
     loss.backward()
@@ -233,24 +186,13 @@ def measure_training_memory(
         parameters=unique_storage_bytes(params),
         gradients=grads,
         optimizer_state=state,
-        activations=saved,
+        activations=meter.total_bytes,  # the model's forward only: the loss is not metered
         label="measured: real tensors after one step, activations from the meter",
     )
 
 
-def make_mlp(
-    width: int = 2048, depth: int = 4, n_out: int = 10, device: str | torch.device | None = "cpu"
-) -> nn.Sequential:
-    """`depth` blocks of Linear(width, width) + ReLU, then Linear(width, n_out) (chapter 5)."""
-    width, depth, n_out = (
-        positive_int(v, n) for v, n in ((width, "width"), (depth, "depth"), (n_out, "n_out"))
-    )
-    blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]
-    return nn.Sequential(*blocks, nn.Linear(width, n_out)).to(resolve_device(device))
-
-
 @dataclass
-class BillSweep:
+class BillSweep(Printed):
     """Measured and predicted bills over batch sizes, with the settings that made them (chapter 5)."""
 
     sweep: SweepResult
@@ -258,9 +200,6 @@ class BillSweep:
 
     def __str__(self) -> str:
         return f"{self.settings}\n{self.sweep}"
-
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
 
 
 def bill_sweep(
@@ -274,27 +213,14 @@ def bill_sweep(
     points: int = 4,
     progress: bool = False,
 ) -> BillSweep:
-    """Training bill of an MLP over batch sizes up to `max_batch`: predicted vs measured (chapter 5).
-
-    Measured = the real parameter, gradient and Adam-state bytes after one step plus the
-    meter's activation bytes at each batch size; on CUDA also max_memory_allocated over a
-    full training step, the phase it peaked in, and the temporaries of optimizer.step()
-    (its peak above the memory held when it started). Checkpointing runs pairs of blocks
-    under checkpoint().
-    """
+    """Training bill of an MLP over batch sizes up to `max_batch`: predicted vs measured (chapter 5)."""
     device = resolve_device(device)
     max_batch, points = positive_int(max_batch, "max_batch"), positive_int(points, "points")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
-    width = (
-        positive_int(width, "width")
-        if width is not None
-        else (1024 if device.type == "cpu" else 4096)
-    )
+    width = width if width is not None else (1024 if device.type == "cpu" else 4096)
     amp, every = autocast_dtype(precision), (2 if checkpointing else 0)
     cuda = device.type == "cuda"
     baseline = torch.cuda.memory_allocated(device) if cuda else 0
-    model = make_mlp(width, depth, device=device)
+    model = make_mlp(wide_mlp_sizes(width, depth, 10), blocks=True, device=device)
     opt = torch.optim.Adam(model.parameters())
     loss_fn = nn.functional.cross_entropy
 
@@ -352,10 +278,9 @@ def cuda_step_phases(
     where = resolve_device(device) if device is not None else x.device
     phases: dict[str, tuple[int, int]] = {}
     opt.zero_grad(set_to_none=True)
-    with track_peak(where) as peak:
-        with autocast_context(x.device.type, amp):
-            out = checkpointed_forward(model, x, every) if every else model(x)
-            loss = loss_fn(out, y)
+    with track_peak(where) as peak, autocast_context(x.device.type, amp):
+        out = checkpointed_forward(model, x, every) if every else model(x)
+        loss = loss_fn(out, y)
     phases["forward"] = (peak.start, peak.peak)
     del out
     with track_peak(where) as peak:
@@ -370,8 +295,6 @@ def cuda_step_phases(
 
 def plot_bill_sweep(result: BillSweep) -> Figure:
     """Left: the whole bill, predicted (line) vs measured (markers); right: activations alone (chapter 5)."""
-    import matplotlib.pyplot as plt
-
     sweep, s = result.sweep, result.settings
     x = sweep.column("batch")
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))

@@ -1,11 +1,4 @@
-"""Model FLOPs utilisation: counted FLOPs per step over measured time, against a peak (chapter 6).
-
-FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``, which counts the matrix
-multiplications, convolutions and attention that dominate a model's arithmetic (elementwise
-ops are not counted, by the usual MFU convention). The peak is the datasheet figure where
-:func:`helpers.devices.peak_flops` knows the GPU, otherwise the best matmul rate measured
-here, which says how close a step gets to what this device's matmul actually achieves.
-"""
+"""Model FLOPs utilisation: counted FLOPs per step over its measured time, against a peak (chapter 6)."""
 
 from __future__ import annotations
 
@@ -16,10 +9,11 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.devices import dtype_name, native_bf16, parse_dtype, peak_flops, resolve_device
-from helpers.matmul import achievable_rate
+from helpers.devices import native_bf16, resolve_device
+from helpers.dtypes import dtype_name, parse_dtype
+from helpers.matmul import achievable_rate, matmul_peak_flops
 from helpers.timing import benchmark
-from helpers.units import format_seconds
+from helpers.units import Printed, format_seconds
 
 
 def _positive(value: object, name: str, unit: str) -> float:
@@ -38,9 +32,7 @@ def count_flops(fn: Callable[..., object], *args: object, **kwargs: object) -> i
     """FLOPs of one call fn(*args, **kwargs), counted by FlopCounterMode (chapter 6)."""
     if not callable(fn):
         raise TypeError(f"count_flops needs a function to call, got {type(fn).__name__}.")
-    with FlopCounterMode(display=False) as counter:
-        fn(*args, **kwargs)
-    return int(counter.get_total_flops())
+    return sum(flops_by_op(fn, *args, **kwargs).values())
 
 
 def flops_by_op(fn: Callable[..., object], *args: object, **kwargs: object) -> dict[str, int]:
@@ -84,20 +76,19 @@ def reference_peak(
     dtype: str | torch.dtype = torch.float32,
     shapes: Sequence[tuple[int, int, int]] | None = None,
 ) -> Peak:
-    """Datasheet peak where helpers.devices knows the GPU, else achievable_peak, measured here (chapter 6)."""
+    """Datasheet peak where helpers.peaks knows the GPU, else achievable_peak, measured here (chapter 6)."""
     device, dtype = resolve_device(device), parse_dtype(dtype)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        tf32 = dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
-        known = peak_flops(name, dtype, tf32=tf32)
-        if known is not None:
-            kind = "tf32" if tf32 else dtype_name(dtype)
-            return Peak(known, f"datasheet dense {kind} peak of {name}", measured=False)
-    return achievable_peak(device, dtype, shapes)
+    known = matmul_peak_flops(device, dtype)  # None unless the table knows this GPU
+    if known is None:
+        return achievable_peak(device, dtype, shapes)
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    name = torch.cuda.get_device_name(device)
+    kind = "tf32" if tf32 else dtype_name(dtype)
+    return Peak(known, f"datasheet dense {kind} peak of {name}", measured=False)
 
 
 @dataclass
-class MfuResult:
+class MfuResult(Printed):
     """FLOPs per step, measured seconds per step and the peak they are compared with (chapter 6)."""
 
     flops: int
@@ -115,20 +106,14 @@ class MfuResult:
         """The fraction of the peak reached (chapter 6)."""
         return mfu(self.flops, self.seconds, self.peak.flops)
 
-    @property
-    def of_achievable(self) -> float | None:
-        """The fraction of the measured achievable matmul rate reached, if one was given (chapter 6)."""
-        if self.achievable is None:
-            return None
-        return mfu(self.flops, self.seconds, self.achievable.flops)
-
     def __str__(self) -> str:
         text = (
             f"{self.flops / 1e9:.3g} GFLOP per step in {format_seconds(self.seconds)} = "
             f"{self.achieved / 1e9:.4g} GFLOP/s, MFU {self.mfu:.1%} of {self.peak}"
         )
         if self.achievable is not None:
-            text += f"\n{self.of_achievable:.1%} of the achievable rate, {self.achievable}"
+            share = mfu(self.flops, self.seconds, self.achievable.flops)
+            text += f"\n{share:.1%} of the achievable rate, {self.achievable}"
         if self.mfu > 1:
             text += "\nMFU above 100%: the reference is wrong, not the step. " + (
                 "It was measured under load or with too few sizes: measure it again."
@@ -136,9 +121,6 @@ class MfuResult:
                 else "Check the peak for this GPU and dtype (is TF32 or another dtype in use?)."
             )
         return text
-
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
 
 
 def measure_mfu(

@@ -1,16 +1,11 @@
-"""Profiler plumbing, a bottleneck diagnosis and a toy asynchronous device (chapter 6).
-
-The notebook shows ``torch.profiler`` itself; these helpers only repeat what it showed, so
-later sections can profile a run in one line and read the numbers the diagnosis needs.
-"""
+"""Profiler plumbing, a bottleneck diagnosis and a toy asynchronous device (chapter 6)."""
 
 from __future__ import annotations
 
-import queue
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
@@ -20,14 +15,19 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers.devices import resolve_device, synchronize
+from helpers.loops import time_once
 
 INPUT, LAUNCH, SYNC, COMPUTE = "input-bound", "launch/overhead-bound", "sync-bound", "compute-bound"
 
-#: What a blocking host sync is called in a profile: the op behind .item()/bool()/float() and
-#: the explicit device-wide waits.
+#: Blocking host syncs in a profile: the op behind .item()/bool()/float(), device-wide waits.
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaDeviceSynchronize", "hipDeviceSynchronize")
 #: Stream waits, counted when they are not already inside one of the SYNC_EVENTS (a .cpu() copy).
 STREAM_WAITS = ("cudaStreamSynchronize", "hipStreamSynchronize")
+#: What profile_steps calls its final sync, so that the summaries leave it out.
+FLUSH_LABEL = "profile_steps: final sync"
+#: CPU matmul ops, and GPU matmul kernel name patterns (cuBLAS/CUTLASS "gemm", rocBLAS "Cijk_").
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")
+MATMUL_KERNELS = ("gemm", "cijk_")
 
 
 def profiler_activities(device: str | torch.device) -> list[ProfilerActivity]:
@@ -47,16 +47,6 @@ def self_time_key(device: str | torch.device) -> str:
     return "self_device_time_total" if kind in ("cuda", "xpu") else "self_cpu_time_total"
 
 
-FLUSH_LABEL = "profile_steps: final sync"
-
-
-def _whole(value: object, name: str, minimum: int) -> int:
-    """`value` as an int >= minimum, else a clear ValueError (chapter 6)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
-    return value
-
-
 def profile_steps(
     step: Callable[[], object],
     device: str | torch.device,
@@ -64,19 +54,16 @@ def profile_steps(
     wait: int = 1,
     warmup: int = 1,
     active: int = 3,
-    record_shapes: bool = False,
-    profile_memory: bool = False,
 ) -> profile:
     """Run step() wait+warmup+active times under torch.profiler with a schedule; return the profiler (chapter 6)."""
-    wait, warmup = _whole(wait, "wait", 0), _whole(warmup, "warmup", 1)
-    active = _whole(active, "active", 1)
+    for name, value, minimum in (("wait", wait, 0), ("warmup", warmup, 1), ("active", active, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
     device = resolve_device(device)
     total = wait + warmup + active
     with profile(
         activities=profiler_activities(device),
         schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
     ) as prof:
         for i in range(total):
             step()
@@ -91,34 +78,28 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of a set of possibly overlapping [start, end] intervals (chapter 6)."""
     total, end = 0.0, float("-inf")
     for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
+        if e > end:  # what sticks out past the intervals so far
+            total, end = total + e - max(s, end), e
     return total
 
 
-def _ancestors(event: object) -> Iterator[str]:
-    """Names of an event's CPU parents, innermost first (chapter 6)."""
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        yield parent.name
-        parent = parent.cpu_parent
-
-
 def _is_sync(event: object) -> bool:
-    """True for a host sync: .item()'s op, an explicit device sync, or a stream wait of a copy (chapter 6).
-
-    Optimizers such as Adam call .item() on step counters that live on the CPU; those never
-    wait for a GPU, so they are not counted.
-    """
-    name = event.name
-    parents = list(_ancestors(event))
+    """True for a host sync: .item()'s op, an explicit device sync, or a stream wait of a copy (chapter 6)."""
+    name, parents, parent = event.name, [], event.cpu_parent
+    while parent is not None:
+        parents.append(parent.name)
+        parent = parent.cpu_parent
     if FLUSH_LABEL in parents or any(p.startswith("Optimizer.step#") for p in parents):
         return False  # our own flush, and optimizers reading their CPU-side step counters
     if name in SYNC_EVENTS:
         return True
     return name in STREAM_WAITS and "aten::_local_scalar_dense" not in parents
+
+
+def _top_level_op(event: object) -> bool:
+    """An aten op that no other aten op called: one op dispatched from Python (chapter 6)."""
+    above = "" if event.cpu_parent is None else event.cpu_parent.name
+    return event.name.startswith("aten::") and not above.startswith("aten::")
 
 
 @dataclass
@@ -162,9 +143,7 @@ def summarize_profile(
         if _is_sync(e):
             sync_us += e.time_range.elapsed_us()
             syncs += 1
-        parent = e.cpu_parent
-        if e.name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
-            ops += 1
+        ops += _top_level_op(e)
     on_device = bool(set(prof.activities) - {ProfilerActivity.CPU})
     busy = _union_us(device_ranges) / n / 1e6 if on_device else None
     return ProfileSummary(
@@ -216,33 +195,22 @@ def diagnose(
         "compute (FLOP time at best rate / step)": compute,
         "µs per op": us_per_op,
     }
-    if input_frac >= threshold:
-        return Diagnosis(INPUT, f"{input_frac:.0%} of each step is spent getting the batch", ratios)
-    if sync_frac >= threshold and (busy is None or busy < busy_threshold):
-        return Diagnosis(
-            SYNC, f"{sync_frac:.0%} of each step waits in host syncs while the device idles", ratios
-        )
-    if busy is not None and busy >= busy_threshold:
-        return Diagnosis(COMPUTE, f"the device runs kernels {busy:.0%} of the time", ratios)
-    if busy is None and compute is not None and compute >= threshold:
-        return Diagnosis(
-            COMPUTE,
-            f"the FLOPs alone need {compute:.0%} of the step at the best matmul rate",
-            ratios,
-        )
     per_op = "" if us_per_op is None else f", {us_per_op:.1f} µs per op"
     idle = "" if busy is None else f"; the device idles {1 - busy:.0%} of the time"
-    return Diagnosis(
-        LAUNCH,
-        f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
-        ratios,
-    )
-
-
-#: CPU ops that are matrix products, and patterns of GPU matmul kernel names (cuBLAS/CUTLASS
-#: "gemm", rocBLAS/Tensile "Cijk_").
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")
-MATMUL_KERNELS = ("gemm", "cijk_")
+    if input_frac >= threshold:
+        why = INPUT, f"{input_frac:.0%} of each step is spent getting the batch"
+    elif sync_frac >= threshold and (busy is None or busy < busy_threshold):
+        why = SYNC, f"{sync_frac:.0%} of each step waits in host syncs while the device idles"
+    elif busy is not None and busy >= busy_threshold:
+        why = COMPUTE, f"the device runs kernels {busy:.0%} of the time"
+    elif busy is None and compute is not None and compute >= threshold:
+        why = COMPUTE, f"the FLOPs alone need {compute:.0%} of the step at the best matmul rate"
+    else:
+        why = (
+            LAUNCH,
+            f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
+        )
+    return Diagnosis(*why, ratios)
 
 
 def matmul_share(prof: profile, device: str | torch.device) -> float:
@@ -267,49 +235,29 @@ def matmul_share(prof: profile, device: str | torch.device) -> float:
     return sum(t for k, t in times.items() if is_matmul[k]) / total
 
 
-# --- host syncs -------------------------------------------------------------------------------
-
-# --- a toy asynchronous device -----------------------------------------------------------------
-
-
 class ToyAsyncDevice:
     """A worker thread running queued jobs in order: a CPU-side model of a GPU stream (chapter 6)."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="toy-device", daemon=True)
-        self._thread.start()
-
-    def _work(self) -> None:
-        """Run jobs until the None sentinel (chapter 6)."""
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                job()
-            finally:
-                self._queue.task_done()
-
-    def submit(self, job: Callable[[], object]) -> None:
-        """Queue `job` and return at once, as a kernel launch does (chapter 6)."""
-        if not self._thread.is_alive():
-            raise RuntimeError("This toy device is closed; make a new ToyAsyncDevice().")
-        self._queue.put(job)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toy-device")
+        self._last: Future | None = None
+        self._closed = False
 
     def kernel(self, seconds: float) -> None:
-        """Queue a job that keeps the toy device busy for `seconds` (chapter 6)."""
-        self.submit(lambda: time.sleep(seconds))
+        """Queue a job that keeps the toy device busy for `seconds`; returns at once, like a launch (chapter 6)."""
+        if self._closed:
+            raise RuntimeError("This toy device is closed; make a new ToyAsyncDevice().")
+        self._last = self._worker.submit(time.sleep, seconds)
 
     def synchronize(self) -> None:
         """Block until every queued job has finished, as torch.cuda.synchronize() does (chapter 6)."""
-        self._queue.join()
+        if self._last is not None:
+            self._last.result()  # jobs run in order: the last one done means all are
 
     def close(self) -> None:
         """Finish queued jobs and end the worker thread; safe to call twice (chapter 6)."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        self._closed = True
+        self._worker.shutdown(wait=True)
 
     def __enter__(self) -> ToyAsyncDevice:
         return self
@@ -318,34 +266,18 @@ class ToyAsyncDevice:
         self.close()
 
 
-# --- torch.compile -----------------------------------------------------------------------------
-
-
 def time_first_call(
     fn: Callable[..., object], *args: object, device: str | torch.device = "cpu"
 ) -> float:
     """Seconds of one call, synchronised: for one-off events such as a compile, not for kernels (chapter 6)."""
-    device = resolve_device(device)
-    synchronize(device)
-    start = time.perf_counter()
-    fn(*args)
-    synchronize(device)
-    return time.perf_counter() - start
+    return time_once(lambda: fn(*args), device)
 
 
 def count_top_level_ops(fn: Callable[..., object], *args: object) -> int:
     """How many aten ops one call of fn dispatches from Python, read off a CPU profile (chapter 6)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
-    return sum(
-        1
-        for e in prof.events()
-        if e.name.startswith("aten::")
-        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-    )
-
-
-# --- plots ---------------------------------------------------------------------------------------
+    return sum(map(_top_level_op, prof.events()))
 
 
 def plot_timing_methods(readings: dict[str, list[float]], title: str = "") -> Figure:

@@ -1,20 +1,18 @@
-"""Sweeps: run a measurement over a list of values and collect a table, safely (chapter 1).
-
-Running out of memory part-way is normal in a sweep (the point is often to find where it
-happens). :func:`run_sweep` catches it, stops, keeps the rows measured so far, frees what
-the failed step held, and says what happened. Any other error is a bug and is raised.
-"""
+"""Sweeps that collect a table and stop cleanly, keeping their rows, on out-of-memory (chapter 1)."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from helpers.tables import format_table
+from helpers.units import Printed
+from helpers.validate import first_line
 
 _OOM_MESSAGES = (
     "out of memory",  # CUDA, ROCm, MPS ("MPS backend out of memory")
@@ -25,10 +23,7 @@ _OOM_MESSAGES = (
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch.OutOfMemoryError, MemoryError and the CPU allocator's failure (chapter 1)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(
-        torch.cuda, "OutOfMemoryError", ()
-    )
-    if isinstance(exc, (MemoryError, oom_type)):
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
@@ -43,7 +38,7 @@ def free_cached_memory() -> None:
 
 
 @dataclass
-class SweepResult:
+class SweepResult(Printed):
     """Rows measured by a sweep, and why it stopped early if it did (chapter 1)."""
 
     param: str
@@ -52,8 +47,7 @@ class SweepResult:
 
     def column(self, name: str) -> list[Any]:
         """All values of one column, in sweep order (chapter 1)."""
-        missing = [i for i, r in enumerate(self.rows) if name not in r]
-        if missing:
+        if any(name not in r for r in self.rows):
             have = ", ".join(self.rows[0]) if self.rows else "none (the sweep has no rows)"
             raise KeyError(f"column {name!r} is missing; columns: {have}.")
         return [r[name] for r in self.rows]
@@ -64,15 +58,6 @@ class SweepResult:
     def __str__(self) -> str:
         text = format_table(self.rows)
         return text if self.stopped is None else f"{text}\n(stopped early: {self.stopped})"
-
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (chapter 1)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run_sweep(
@@ -87,19 +72,14 @@ def run_sweep(
     if not values:
         raise ValueError(f"The sweep over {param!r} got no values: pass at least one.")
     result = SweepResult(param=param)
-    if progress:
-        from tqdm.auto import tqdm
-
-        values_iter: Sequence[Any] = tqdm(values, desc=f"sweep over {param}", leave=False)
-    else:
-        values_iter = values
-    for value in values_iter:
+    bar = tqdm(values, desc=f"sweep over {param}", leave=False, disable=not progress)
+    for value in bar:
         try:
             row = measure(value)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            result.stopped = f"out of memory at {param}={value}: {_first_line(exc)}"
+            result.stopped = f"out of memory at {param}={value}: {first_line(exc)}"
             exc.__traceback__ = None  # the traceback holds the failed step's tensors
             break
         if not isinstance(row, dict):
@@ -107,8 +87,7 @@ def run_sweep(
                 f"The measure function must return a dict (one table row), got {type(row).__name__}."
             )
         result.rows.append({param: value, **row})
-    if hasattr(values_iter, "close"):
-        values_iter.close()
+    bar.close()
     if result.stopped is not None:
         free_cached_memory()
         print(

@@ -1,22 +1,4 @@
-"""Counting host syncs: the calls that make the CPU wait for a tensor's value (chapter 2).
-
-A GPU runs work that the CPU has queued. Any call that needs a tensor's *value* on the host
-(``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``, printing, ``bool(t)`` / ``if t:``) or
-whose output *shape* depends on the values (``nonzero``, boolean masks, ``unique``) makes the
-CPU wait until the queue has drained: a sync.
-
-:class:`SyncCounter` is a ``TorchFunctionMode`` that sees those calls on every device, so a
-loop can be checked on a CPU-only laptop before it runs on a GPU. On CUDA it also switches on
-``torch.cuda.set_sync_debug_mode("warn")`` and counts what the driver-side check reports,
-which includes blocking host-to-device copies (``.to(device)`` without ``non_blocking``).
-
-One rule keeps the count honest on a CPU, where every tensor is a host tensor: reads of CPU
-tensors made by PyTorch's own Python code (the DataLoader's sampler, Adam's step counter,
-which PyTorch keeps on the host on purpose) or by the course's sampler in
-``helpers.batching`` are host bookkeeping that stays on the host in a GPU run too, so they
-are recorded but not counted. Reads made by your code are counted, because in a GPU run
-your tensors live on the GPU.
-"""
+"""Counting host syncs, the calls that make the CPU wait for a tensor's value, on any device (chapter 2)."""
 
 from __future__ import annotations
 
@@ -30,6 +12,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from helpers.units import Printed
 
 _T = torch.Tensor
 
@@ -47,28 +31,15 @@ VALUE_READS: dict[Callable[..., Any], str] = {
     _T.__float__: "float(t)",
     _T.__index__: "t used as an index",
     _T.__complex__: "complex(t)",
-    torch.equal: "torch.equal",
-    torch.allclose: "torch.allclose",
-    torch.is_nonzero: "torch.is_nonzero",
-    _T.equal: "t.equal",
-    _T.allclose: "t.allclose",
-    _T.is_nonzero: "t.is_nonzero",
+    **{getattr(torch, name): f"torch.{name}" for name in ("equal", "allclose", "is_nonzero")},
+    **{getattr(_T, name): f"t.{name}" for name in ("equal", "allclose", "is_nonzero")},
 }
 
 #: Calls whose output shape depends on the values, so the host must read them.
 DATA_DEPENDENT: dict[Callable[..., Any], str] = {
-    torch.nonzero: "nonzero",
-    _T.nonzero: "nonzero",
-    torch.argwhere: "argwhere",
-    _T.argwhere: "argwhere",
-    torch.masked_select: "masked_select",
-    _T.masked_select: "masked_select",
-    torch.unique: "unique",
-    _T.unique: "unique",
-    torch.unique_consecutive: "unique_consecutive",
-    _T.unique_consecutive: "unique_consecutive",
-    torch.bincount: "bincount",
-    _T.bincount: "bincount",
+    getattr(owner, name): name
+    for name in ("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount")
+    for owner in (torch, _T)
 }
 
 #: Calls that sync only with some arguments (checked in :func:`_conditional_sync`).
@@ -82,25 +53,15 @@ CONDITIONAL: dict[Callable[..., Any], str] = {
     _T.copy_: "copy_ from a device to the host",
 }
 
-#: Code whose reads of CPU tensors are host-side bookkeeping (PyTorch itself, the course's sampler).
-HOST_SIDE_CODE: tuple[str, ...] = (
-    str(Path(torch.__file__).parent),
-    str(Path(__file__).parent / "batching.py"),
-)
+#: Code whose reads of CPU tensors stay host-side bookkeeping in a GPU run too (PyTorch itself,
+#: the course's sampler): recorded, not counted. Your code's tensors would live on the GPU.
+_TORCH_DIR = Path(torch.__file__).parent
+HOST_SIDE_CODE: tuple[str, ...] = (str(_TORCH_DIR), str(Path(__file__).parent / "batching.py"))
 _THIS_FILE = str(Path(__file__))
 # Frames that only forward the call to the mode: the override machinery and the Python
 # wrappers of the calls above (Tensor methods, torch.unique's dispatch), and this module.
-_PLUMBING = tuple(
-    str(Path(torch.__file__).parent / name)
-    for name in (
-        "overrides.py",
-        "_tensor.py",
-        "_tensor_str.py",
-        "functional.py",
-        "_jit_internal.py",
-        "utils/_device.py",
-    )
-)
+_WRAPPERS = "overrides.py _tensor.py _tensor_str.py functional.py _jit_internal.py utils/_device.py"
+_PLUMBING = tuple(str(_TORCH_DIR / name) for name in _WRAPPERS.split())
 
 
 @dataclass
@@ -115,19 +76,10 @@ class SyncEvent:
 
 def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors among the call's arguments, one level into lists and tuples (chapter 2)."""
-    found: list[torch.Tensor] = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found += [t for t in a if isinstance(t, torch.Tensor)]
-    return found
-
-
-def _has_mask(index: Any) -> bool:
-    """True if an index (or a tuple of them) holds a bool or uint8 tensor (chapter 2)."""
-    parts = index if isinstance(index, (tuple, list)) else (index,)
-    return any(isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8) for p in parts)
+    flat = [
+        x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else [a])
+    ]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def _target_is_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -144,15 +96,19 @@ def _conditional_sync(func: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     """Whether a call from CONDITIONAL syncs with these arguments (chapter 2)."""
     if func is torch.where:
         return len(args) + len(kwargs) == 1
-    if func in (_T.__getitem__, _T.__setitem__):
-        return len(args) > 1 and _has_mask(args[1])
+    if func in (_T.__getitem__, _T.__setitem__):  # a bool or uint8 mask in the index
+        index = args[1] if len(args) > 1 else ()
+        parts = index if isinstance(index, (tuple, list)) else (index,)
+        return any(
+            isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8) for p in parts
+        )
     if func in (torch.repeat_interleave, _T.repeat_interleave):
         # torch.repeat_interleave(repeats) alone is the one-argument form
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
         return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
     source = args[1] if func is _T.copy_ and len(args) > 1 else args[0] if args else None
     if not isinstance(source, torch.Tensor) or source.device.type == "cpu":
-        return False  # a CPU-to-CPU .to()/copy_ is not a read-back; see the module notes
+        return False  # a CPU-to-CPU .to()/copy_ is not a read-back; see HOST_SIDE_CODE
     if func is _T.copy_:
         return isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
     return _target_is_host(args, kwargs)
@@ -169,7 +125,7 @@ def _caller(host_code: tuple[str, ...]) -> tuple[str, bool]:
     return "?", False
 
 
-class SyncCounter(TorchFunctionMode):
+class SyncCounter(TorchFunctionMode, Printed):
     """Count host reads of tensor values (what forces a GPU sync) inside a `with` block, on any device (chapter 2)."""
 
     def __init__(
@@ -198,9 +154,8 @@ class SyncCounter(TorchFunctionMode):
             tensors = _tensors_in(args, kwargs)
             on_host = all(t.device.type == "cpu" for t in tensors)
             where, host_side = _caller(self.host_code)
-            devices = sorted({t.device.type for t in tensors}) or ["?"]
-            counted = not (on_host and host_side)
-            self.events.append(SyncEvent(what, "/".join(devices), where, counted))
+            devices = "/".join(sorted({t.device.type for t in tensors})) or "?"
+            self.events.append(SyncEvent(what, devices, where, not (on_host and host_side)))
         return func(*args, **kwargs)
 
     def __enter__(self) -> SyncCounter:
@@ -252,9 +207,6 @@ class SyncCounter(TorchFunctionMode):
             text += f"; CUDA sync debug mode reported {self.cuda_syncs}"
         return text
 
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
-
 
 def count_syncs(
     fn: Callable[..., Any], *args: Any, cuda_debug: bool | None = None, **kwargs: Any
@@ -262,21 +214,17 @@ def count_syncs(
     """Run fn(*args, **kwargs) under a SyncCounter; return (its result, the counter) (chapter 2)."""
     if not callable(fn):
         raise TypeError(f"count_syncs() needs a function to call, got {type(fn).__name__}.")
-    counter = SyncCounter(cuda_debug=cuda_debug)
-    with counter:
+    with SyncCounter(cuda_debug=cuda_debug) as counter:
         result = fn(*args, **kwargs)
     return result, counter
 
 
 def sync_kinds() -> Iterator[tuple[str, str]]:
     """(kind, call) for every call the counter knows, for a table in the notebook (chapter 2)."""
-    seen: set[str] = set()
-    for kind, table in (
+    tables = (
         ("reads a value", VALUE_READS),
         ("data-dependent shape", DATA_DEPENDENT),
         ("depends on the arguments", CONDITIONAL),
-    ):
-        for name in table.values():
-            if name not in seen:
-                seen.add(name)
-                yield kind, name
+    )
+    calls = {name: kind for kind, table in tables for name in table.values()}  # each name once
+    yield from ((kind, name) for name, kind in calls.items())

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from helpers.batching import DeviceLoader, ResidentBatches, check_batch_size
+from helpers.batching import ResidentBatches, check_batch_size
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
 from helpers.loops import (
@@ -18,36 +20,14 @@ from helpers.loops import (
     fast_epoch,
     flatten_parameters,
     make_adam,
-    make_mlp,
     torch_threads,
 )
+from helpers.models import make_mlp
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
 from helpers.validate import positive_int
 
 FEEDING = ("resident", "DataLoader")
-
-
-def batch_sizes_from_log2(log2_batch: tuple[int, int]) -> list[int]:
-    """(3, 6) -> [8, 16, 32, 64], with a clear error for a bad range (chapter 2)."""
-    try:
-        lo, hi = (int(v) for v in log2_batch)
-    except (TypeError, ValueError):
-        raise ValueError(f"log2_batch must be a pair (low, high), got {log2_batch!r}.") from None
-    if not 0 <= lo <= hi <= 20:
-        raise ValueError(f"log2_batch must satisfy 0 <= low <= high <= 20, got {log2_batch!r}.")
-    return [2**k for k in range(lo, hi + 1)]
-
-
-def _batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, feeding: str, seed: int):
-    """Resident batches or a DataLoader moving each batch to x's device (chapter 2)."""
-    g = torch.Generator().manual_seed(seed)
-    if feeding == "resident":
-        return ResidentBatches(x, y, batch_size=batch_size, generator=g)
-    loader = DataLoader(
-        TensorDataset(x.cpu(), y.cpu()), batch_size=batch_size, shuffle=True, generator=g
-    )
-    return DeviceLoader(loader, x.device)
 
 
 def measure_batch_size(
@@ -60,23 +40,29 @@ def measure_batch_size(
     seed: int = 0,
     flat_adam: bool = False,
 ) -> dict[str, float]:
-    """Train one epoch from a fixed init (its loss is the 'after 1 epoch' column), then time epochs (chapter 2).
-
-    The optimizer is torch.optim.Adam (fused where possible), or with ``flat_adam=True`` the
-    final loop's flat parameters + FlatAdam (section 5.5 of chapter 2).
-    """
+    """Train one epoch from a fixed init (its loss is the 'after 1 epoch' column), then time epochs (chapter 2)."""
     batch_size = check_batch_size(batch_size, len(x))
     if feeding not in FEEDING:
         raise ValueError(f"feeding must be one of {FEEDING}, got {feeding!r}.")
     torch.manual_seed(seed)
-    model = make_mlp(logits=True).to(x.device)
+    model = make_mlp(device=x.device)
     optimizer: torch.optim.Optimizer | FlatAdam
     if flat_adam:
         optimizer = FlatAdam(flatten_parameters(model))
     else:
         optimizer = make_adam(model.parameters(), impl=best_adam_impl(x.device))
     loss_fn = nn.BCEWithLogitsLoss()
-    batches = _batches(x, y, batch_size, feeding, seed)
+    g = torch.Generator().manual_seed(seed)
+    if feeding == "resident":
+        batches = ResidentBatches(x, y, batch_size=batch_size, generator=g)
+    else:  # a DataLoader over CPU tensors, each batch moved to x's device as it is collated
+        batches = DataLoader(
+            TensorDataset(x.cpu(), y.cpu()),
+            batch_size=batch_size,
+            shuffle=True,
+            generator=g,
+            collate_fn=lambda b: [t.to(x.device) for t in default_collate(b)],
+        )
     fast_epoch(model, batches, optimizer, loss_fn)  # first epoch: also the warm-up
     with torch.no_grad():
         loss_after_one = loss_fn(model(x), y).item()
@@ -114,23 +100,22 @@ def run_throughput(
     """Sweep batch sizes 2**low .. 2**high on the sources' task: time per epoch and step, samples/s (chapter 2)."""
     device = resolve_device(device)
     n_samples = positive_int(n_samples, "n_samples")
-    sizes = [b for b in batch_sizes_from_log2(log2_batch) if b <= n_samples]
+    try:
+        lo, hi = (int(v) for v in log2_batch)
+    except (TypeError, ValueError):
+        raise ValueError(f"log2_batch must be a pair (low, high), got {log2_batch!r}.") from None
+    if not 0 <= lo <= hi <= 20:
+        raise ValueError(f"log2_batch must satisfy 0 <= low <= high <= 20, got {log2_batch!r}.")
+    sizes = [2**k for k in range(lo, hi + 1) if 2**k <= n_samples]
     if not sizes:
         raise ValueError(
             f"Every batch size in 2**{log2_batch[0]} .. 2**{log2_batch[1]} is larger than the "
             f"{n_samples} samples; lower the range."
         )
-    if feeding not in FEEDING:
-        raise ValueError(f"feeding must be one of {FEEDING}, got {feeding!r}.")
     x, y = make_classification_data(n_samples)
     x, y = x.to(device), y.to(device)
+    measure = partial(measure_batch_size, x=x, y=y, feeding=feeding, min_run_time=min_run_time)
     with torch_threads(threads):
-
-        def measure(batch_size: int) -> dict[str, float]:
-            return measure_batch_size(
-                batch_size, x=x, y=y, feeding=feeding, min_run_time=min_run_time
-            )
-
         result = run_sweep(measure, sizes, param="batch size", progress=progress)
     result.device, result.feeding = str(device), feeding
     return result

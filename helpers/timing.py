@@ -1,28 +1,22 @@
-"""The one benchmark function every chapter uses (chapter 1).
-
-It warms up, synchronises the device, repeats, and reports the median and the spread.
-On CPU and MPS it runs ``torch.utils.benchmark.Timer`` with the real thread count (the
-Timer's own default is ONE thread) and a timer that synchronises the device; on CUDA it
-times blocks of calls with CUDA events. Either way the result is a
-``torch.utils.benchmark.Measurement``, summarised as a :class:`BenchResult`.
-"""
+"""The one benchmark function every chapter uses: warm-up, sync, repeats, median (chapter 1)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils import benchmark as tbench
 
 from helpers.devices import resolve_device, synchronize
-from helpers.units import format_seconds
-from helpers.validate import positive_seconds
+from helpers.units import Printed, format_seconds
+from helpers.validate import positive_int, positive_seconds
 
 
 @dataclass
-class BenchResult:
+class BenchResult(Printed):
     """Median and spread of repeated timings of one function, in seconds per call (chapter 1)."""
 
     label: str
@@ -55,55 +49,25 @@ class BenchResult:
             f"{self.num_threads} thread(s), {self.device}, {self.method})"
         )
 
-    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
-        p.text(str(self))
-
-
-def _sync_timer(device: torch.device) -> Callable[[], float]:
-    """A clock that first waits for queued work on `device` (chapter 1)."""
-
-    def timer() -> float:
-        synchronize(device)
-        return time.perf_counter()
-
-    return timer
-
-
-def _check_timing_args(warmup: int, min_run_time: float, min_repeats: int) -> None:
-    """Reject arguments that cannot give a measurement (chapter 1)."""
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}.")
-    positive_seconds(min_run_time, "min_run_time")
-    if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 1:
-        raise ValueError(f"min_repeats must be a whole number >= 1, got {min_repeats!r}.")
-
 
 def _cuda_measurement(
-    call: Callable[[], object],
-    device: torch.device,
-    min_run_time: float,
-    min_repeats: int,
-    label: str,
+    call: Callable[[], object], min_run_time: float, min_repeats: int, label: str
 ) -> tbench.Measurement:
     """Time blocks of calls between CUDA events until enough time and blocks are collected (chapter 1)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    end.synchronize()
-    one = max(start.elapsed_time(end) / 1e3, 1e-7)
-    number = max(1, int(min(0.02, min_run_time / 10) / one))
-    raw: list[float] = []
-    total = 0.0
-    while total < min_run_time or len(raw) < min_repeats:
+
+    def block(number: int) -> float:
         start.record()
         for _ in range(number):
             call()
         end.record()
         end.synchronize()
-        block = start.elapsed_time(end) / 1e3
-        raw.append(block)
-        total += block
+        return start.elapsed_time(end) / 1e3
+
+    number = max(1, int(min(0.02, min_run_time / 10) / max(block(1), 1e-7)))
+    raw: list[float] = []
+    while sum(raw) < min_run_time or len(raw) < min_repeats:
+        raw.append(block(number))
     spec = tbench.TaskSpec(stmt=label or "fn()", setup="", num_threads=torch.get_num_threads())
     return tbench.Measurement(number_per_run=number, raw_times=raw, task_spec=spec)
 
@@ -122,13 +86,14 @@ def benchmark(
     """Time fn(*args, **kwargs) on `device`: warm-up, sync, repeats; median and IQR per call (chapter 1)."""
     if not callable(fn):
         raise TypeError(f"benchmark() needs a function to call, got {type(fn).__name__}.")
-    _check_timing_args(warmup, min_run_time, min_repeats)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}.")
+    positive_seconds(min_run_time, "min_run_time")
+    min_repeats = positive_int(min_repeats, "min_repeats")
     device = resolve_device(device)
     threads = num_threads or torch.get_num_threads()
 
-    def call() -> object:
-        return fn(*args, **kwargs)
-
+    call = partial(fn, *args, **kwargs)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # warm up at the thread count that will be timed
     try:
@@ -138,14 +103,19 @@ def benchmark(
         torch.set_num_threads(before)
     synchronize(device)
     if device.type == "cuda":
-        m = _cuda_measurement(call, device, min_run_time, min_repeats, label)
+        m = _cuda_measurement(call, min_run_time, min_repeats, label)
         method = "CUDA events"
     else:
+
+        def clock() -> float:  # waits for the device's queued work first
+            synchronize(device)
+            return time.perf_counter()
+
         timer = tbench.Timer(
             stmt="call()",
             globals={"call": call},
             num_threads=threads,
-            timer=_sync_timer(device),
+            timer=clock,
             label=label or None,
         )
         m = timer.blocked_autorange(min_run_time=min_run_time)
@@ -155,12 +125,5 @@ def benchmark(
         m = tbench.Measurement(m.number_per_run, raw, m.task_spec)
         method = "torch.utils.benchmark"
     return BenchResult(
-        label=label,
-        median=m.median,
-        iqr=m.iqr,
-        times=list(m.times),
-        number_per_run=m.number_per_run,
-        num_threads=threads,
-        device=str(device),
-        method=method,
+        label, m.median, m.iqr, list(m.times), m.number_per_run, threads, str(device), method
     )

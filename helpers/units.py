@@ -30,3 +30,10 @@ def format_seconds(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.3g} {unit}" if unit != "s" else f"{seconds:.3g} s"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+class Printed:
+    """A result that Jupyter shows as its text, the same as print() (chapter 1)."""
+
+    def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
+        p.text(str(self))

@@ -1,9 +1,19 @@
-"""Argument checks shared by every chapter: clear ValueErrors for bad sizes and durations
-(chapter 1). A ground-floor module: it imports nothing from the course."""
+"""Argument checks and error types shared by every chapter (chapter 1). A ground-floor module:
+it imports nothing from the course."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+class DeviceError(ValueError):
+    """A device that does not exist here, or cannot do what was asked (chapter 1)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name if it has none (chapter 1)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def positive_int(value: Any, name: str) -> int:

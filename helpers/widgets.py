@@ -1,11 +1,5 @@
-"""ipywidgets controls in front of a sweep function, redrawing its plot (chapter 1).
-
-The pattern in every chapter: a plain function ``run(**settings) -> result`` does the work, a
-plain function ``plot(result) -> Figure`` draws it. A notebook cell first calls both with
-default settings (so "Run all" and CI show a plot), then calls :func:`interactive_plot` so a
-learner can change the settings and press Run. Tests call the same plain functions.
-Only API common to ipywidgets 7 and 8 is used, because Colab still ships 7.x.
-"""
+"""ipywidgets controls and a Run button in front of a `run(**settings)` function, redrawing
+`plot(result)` on each click (chapter 1). Only API common to ipywidgets 7 (Colab) and 8."""
 
 from __future__ import annotations
 
@@ -27,11 +21,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def control_values(controls: dict[str, widgets.Widget]) -> dict[str, Any]:
-    """The current value of every control, cleaned, keyed like `controls` (chapter 1)."""
-    return {name: _clean(w.value) for name, w in controls.items()}
-
-
 def interactive_plot(
     run: Callable[..., Any],
     plot: Callable[[Any], Figure],
@@ -48,7 +37,7 @@ def interactive_plot(
     box.last_result = None
 
     def on_click(_: widgets.Button) -> None:
-        values = control_values(controls)
+        values = {name: _clean(w.value) for name, w in controls.items()}
         button.disabled = True
         status.value = "running…"
         with output:

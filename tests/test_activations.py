@@ -14,9 +14,14 @@ from helpers.activations import (
     measure_activation_bytes,
     unique_storage_bytes,
 )
-from helpers.memory_bill import make_mlp
+from helpers.models import make_mlp, wide_mlp_sizes
 
 MiB = 2**20
+
+
+def mlp(width: int, depth: int) -> torch.nn.Sequential:
+    """Chapter 5's MLP: `depth` blocks of Linear + ReLU, then a 10-way head."""
+    return make_mlp(wide_mlp_sizes(width, depth, 10), blocks=True)
 
 
 def small_cnn() -> nn.Sequential:
@@ -51,7 +56,7 @@ def odd_cnn() -> nn.Sequential:
 
 def test_mlp_4x2048_at_batch_512_saves_exactly_20_mib() -> None:
     torch.manual_seed(0)
-    model, x = make_mlp(2048, 4), torch.randn(512, 2048)
+    model, x = mlp(2048, 4), torch.randn(512, 2048)
     assert measure_activation_bytes(model, x) == 20 * MiB
     assert analytic_activation_bytes(model, (2048,), 512) == 20 * MiB
 
@@ -66,7 +71,7 @@ def test_small_cnn_matches_the_analytic_count() -> None:
 @pytest.mark.parametrize("every", [0, 1, 2, 3])
 def test_checkpointing_and_autocast_match_the_count(amp: torch.dtype | None, every: int) -> None:
     torch.manual_seed(1)
-    for model, shape in ((make_mlp(64, 4), (64,)), (odd_cnn(), (3, 16, 16))):
+    for model, shape in ((mlp(64, 4), (64,)), (odd_cnn(), (3, 16, 16))):
         x = torch.randn(8, *shape)
         measured = measure_activation_bytes(model, x, autocast_dtype=amp, checkpoint_every=every)
         predicted = analytic_activation_bytes(
@@ -76,7 +81,7 @@ def test_checkpointing_and_autocast_match_the_count(amp: torch.dtype | None, eve
 
 
 def test_checkpoint_placement_per_block_saves_nothing_pairs_save() -> None:
-    model = make_mlp(2048, 4)
+    model = mlp(2048, 4)
     bytes_at = {
         k: analytic_activation_bytes(model, (2048,), 512, checkpoint_every=k) for k in (0, 1, 2)
     }
@@ -84,7 +89,7 @@ def test_checkpoint_placement_per_block_saves_nothing_pairs_save() -> None:
 
 
 def test_autocast_halves_activations_and_adds_weight_copies() -> None:
-    model = make_mlp(256, 4)
+    model = mlp(256, 4)
     rows = activation_table(model, (256,), 128, autocast_dtype=torch.bfloat16)
     copies = sum(r["weight-copy bytes"] for r in rows)
     assert copies == 2 * (3 * 256 * 256 + 256 * 10)  # not the first layer: its input needs no grad
@@ -102,11 +107,11 @@ def test_inplace_relu_saves_the_same_and_frozen_layers_save_nothing() -> None:
 
 
 def test_no_grad_and_inference_mode_save_nothing() -> None:
-    model, x = make_mlp(64, 2), torch.randn(4, 64)
+    model, x = mlp(64, 2), torch.randn(4, 64)
     for ctx in (torch.no_grad(), torch.inference_mode()):
         with ActivationMeter(model) as meter, ctx:
             model(x)
-        assert meter.total_bytes == 0 and meter.records == []
+        assert meter.total_bytes == 0 and meter.table() == []
 
 
 def test_meter_excludes_parameters_but_counts_views_once() -> None:
@@ -115,13 +120,12 @@ def test_meter_excludes_parameters_but_counts_views_once() -> None:
     with ActivationMeter(w) as meter:
         out = (a @ w) * a.t()  # a is saved twice (once as a view); w is excluded
     assert meter.total_bytes == a.nbytes + (a @ w).nbytes
-    assert meter.pack_calls >= 3
-    assert {r.shape for r in meter.records} <= {(8, 8)}
+    assert {row["shape"] for row in meter.table()} == {(8, 8)}
     del out
 
 
 def test_meter_table_and_repeated_readings() -> None:
-    model, x = make_mlp(32, 2), torch.randn(4, 32)
+    model, x = mlp(32, 2), torch.randn(4, 32)
     with ActivationMeter(model) as meter:
         out = model(x)
     assert [row["shape"] for row in meter.table()] == [(4, 32)] * 3
@@ -136,17 +140,17 @@ def test_unique_storage_bytes_counts_aliases_once() -> None:
 
 
 def test_checkpointed_forward_gives_the_plain_output() -> None:
-    model, x = make_mlp(16, 3), torch.randn(5, 16)
+    model, x = mlp(16, 3), torch.randn(5, 16)
     assert torch.equal(checkpointed_forward(model, x, 2), model(x))
 
 
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: analytic_activation_bytes(make_mlp(8, 1), (8,), -1), ValueError, "batch_size"),
-        (lambda: analytic_activation_bytes(make_mlp(8, 1), (8,), 0), ValueError, "batch_size"),
-        (lambda: analytic_activation_bytes(make_mlp(8, 1), (0,), 4), ValueError, "sample_shape"),
-        (lambda: analytic_activation_bytes(make_mlp(8, 1), (9,), 4), ValueError, "features"),
+        (lambda: analytic_activation_bytes(mlp(8, 1), (8,), -1), ValueError, "batch_size"),
+        (lambda: analytic_activation_bytes(mlp(8, 1), (8,), 0), ValueError, "batch_size"),
+        (lambda: analytic_activation_bytes(mlp(8, 1), (0,), 4), ValueError, "sample_shape"),
+        (lambda: analytic_activation_bytes(mlp(8, 1), (9,), 4), ValueError, "features"),
         (lambda: analytic_activation_bytes(nn.Linear(8, 2), (8,), 4), TypeError, "nn.Sequential"),
         (
             lambda: analytic_activation_bytes(nn.Sequential(nn.LSTM(4, 4)), (4,), 2),
@@ -154,7 +158,7 @@ def test_checkpointed_forward_gives_the_plain_output() -> None:
             "Supported layers",
         ),
         (
-            lambda: analytic_activation_bytes(make_mlp(8, 2), (8,), 4, checkpoint_every=-2),
+            lambda: analytic_activation_bytes(mlp(8, 2), (8,), 4, checkpoint_every=-2),
             ValueError,
             "checkpoint_every",
         ),
@@ -163,8 +167,8 @@ def test_checkpointed_forward_gives_the_plain_output() -> None:
             TypeError,
             "nn.Sequential",
         ),
-        (lambda: checkpointed_forward(make_mlp(2, 1), torch.randn(1, 2), 0), ValueError, "every"),
-        (lambda: measure_activation_bytes(make_mlp(2, 1), [1.0, 2.0]), TypeError, "tensor"),
+        (lambda: checkpointed_forward(mlp(2, 1), torch.randn(1, 2), 0), ValueError, "every"),
+        (lambda: measure_activation_bytes(mlp(2, 1), [1.0, 2.0]), TypeError, "tensor"),
         (lambda: ActivationMeter("model"), TypeError, "modules or tensors"),
     ],
 )

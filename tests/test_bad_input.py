@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from helpers.data import make_classification_data
-from helpers.devices import DeviceError, check_dtype, describe_device, parse_dtype, resolve_device
-from helpers.memory import format_bytes, memory_readout
+from helpers.devices import check_dtype, describe_device, resolve_device
+from helpers.dtypes import parse_dtype
+from helpers.memory import memory_readout
 from helpers.sweeps import run_sweep
 from helpers.timing import benchmark
-from helpers.validate import positive_int
+from helpers.units import format_bytes
+from helpers.validate import DeviceError, positive_int
 
 NO_CUDA = not torch.cuda.is_available()
 NO_MPS = not torch.backends.mps.is_available()

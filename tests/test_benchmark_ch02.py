@@ -44,7 +44,7 @@ def test_capture_failure_falls_back_with_the_error(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(bench, "capture_steps", fail)
     x, y = bench.make_classification_data(100, 20, seed=0)
-    init = bench.make_mlp(logits=True).state_dict()
+    init = bench.make_mlp().state_dict()
     graphed, why = bench.build_graphed(torch.device("cpu"), x, y, init)
     assert graphed is None
     assert why.startswith("CUDA graph capture failed (RuntimeError: operation not permitted")
@@ -60,7 +60,9 @@ def test_capture_success_gives_steps_and_batches(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(bench, "capture_steps", fake_capture)
     x, y = bench.make_classification_data(10_000, 20, seed=0)
-    graphed, why = bench.build_graphed(torch.device("cpu"), x, y, bench.make_mlp().state_dict())
+    graphed, why = bench.build_graphed(
+        torch.device("cpu"), x, y, bench.make_mlp(sigmoid=True).state_dict()
+    )
     assert why == "" and graphed[0] == {"steps": True}
     assert seen == {"sizes": [64, 16], "capturable": True}
     assert graphed[1].batch_size == 64 and len(graphed[1]) == 157

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.models import make_mlp
 from helpers.scripts import fsdp_vs_ddp as f
-from helpers.scripts.common import make_mlp
 
 
 @pytest.fixture

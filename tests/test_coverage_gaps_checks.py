@@ -1,7 +1,7 @@
 """Lines of the exercise checkers (helpers/checks/) no other unit test ran (tests/gpu_only_lines.md).
 
 The device branches run through the fake_gpu fixture or a patched pick_device; chapter 4's
-launch is faked by patching helpers.distributed.launch / read_results (no torchrun here).
+launch is faked by patching helpers.launch.launch / read_results (no torchrun here).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.nn.functional import relu
 
 from helpers.checks import CheckFailed, NotDoneYet, ch01, ch02, ch03, ch04
 from helpers.checks.ch06 import check_step_mfu
-from helpers.distributed import LaunchResult
+from helpers.launch import LaunchResult
 
 # --------------------------------------------------------------------------- chapter 1
 

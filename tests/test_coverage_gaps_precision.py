@@ -1,4 +1,4 @@
-"""Lines of helpers/precision.py and helpers/mfu.py no other unit test ran (tests/gpu_only_lines.md)."""
+"""Lines of helpers/amp_choice.py, amp_sweep.py and mfu.py no other unit test ran (tests/gpu_only_lines.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from pretty_text import pretty  # noqa: E402
 
-from helpers import precision  # noqa: E402
+from helpers import amp_choice  # noqa: E402
+from helpers.amp_choice import AmpChoice
+from helpers.amp_sweep import AmpSweep, plot_amp_sweep
 from helpers.mfu import MfuResult, Peak  # noqa: E402
-from helpers.precision import AmpChoice, AmpSweep, plot_amp_sweep  # noqa: E402
 from helpers.sweeps import SweepResult  # noqa: E402
 
 
@@ -69,7 +70,7 @@ def test_speedup_names_what_was_measured() -> None:
     ],
 )
 def test_bf16_is_native_for_every_kind(desc: dict, native: bool) -> None:
-    assert precision.bf16_is_native(desc) is native
+    assert amp_choice.bf16_is_native(desc) is native
 
 
 def test_plot_amp_sweep_leaves_out_a_precision_without_rows() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import devices
-from helpers.devices import DeviceError
+from helpers import devices, dtypes, peaks
+from helpers.validate import DeviceError
 
 
 def test_pick_device_defaults_to_an_available_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,8 +73,8 @@ def test_synchronize_on_cpu_is_a_no_op() -> None:
     ],
 )
 def test_parse_dtype(name: str, dtype: torch.dtype) -> None:
-    assert devices.parse_dtype(name) is dtype
-    assert devices.parse_dtype(dtype) is dtype
+    assert dtypes.parse_dtype(name) is dtype
+    assert dtypes.parse_dtype(dtype) is dtype
 
 
 def test_check_dtype_fp32_on_cpu() -> None:
@@ -105,7 +105,7 @@ def test_describe_cpu() -> None:
     ],
 )
 def test_peak_flops_table(name: str, dtype: str, tf32: bool, expected: float | None) -> None:
-    assert devices.peak_flops(name, dtype, tf32=tf32) == expected
+    assert peaks.peak_flops(name, dtype, tf32=tf32) == expected
 
 
 def test_native_bf16_on_cpu_is_a_bool() -> None:
@@ -113,8 +113,8 @@ def test_native_bf16_on_cpu_is_a_bool() -> None:
 
 
 def test_dtype_name() -> None:
-    assert devices.dtype_name(torch.bfloat16) == "bf16"
-    assert devices.dtype_name(torch.int8) == "int8"
+    assert dtypes.dtype_name(torch.bfloat16) == "bf16"
+    assert dtypes.dtype_name(torch.int8) == "int8"
 
 
 def test_device_info_pretty_prints_as_its_table() -> None:

@@ -1,4 +1,4 @@
-"""The chapter 4 launcher (helpers.distributed), its scripts, and the Slurm example.
+"""The chapter 4 launcher (helpers.launch), its scripts, and the Slurm example.
 
 Launches use 2 gloo processes on the CPU, like the notebook on a machine without 2 GPUs.
 Each costs a few seconds (torch is imported by torchrun and by every rank).
@@ -11,7 +11,9 @@ import re
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -19,10 +21,31 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import distributed as d
 from helpers.data import make_classification_data
+from helpers.launch import (
+    SCRIPTS_DIR,
+    TINY_JOB_RANKS,
+    LaunchError,
+    LaunchResult,
+    _HideLauncherTraceback,
+    as_flags,
+    available_scripts,
+    check_backend,
+    check_nproc,
+    explain_failure,
+    launch,
+    max_processes,
+    new_run_dir,
+    read_results,
+    script_path,
+    script_source,
+    torchrun_command,
+    worker_env,
+)
+from helpers.models import make_mlp
+from helpers.processes import alive_pids, gpu_count
 from helpers.scripts import elastic_train
-from helpers.scripts.common import READY_MARKER, make_mlp
+from helpers.scripts.common import BACKEND_ENV, READY_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "slurm" / "torchrun_multinode.sbatch"
@@ -35,11 +58,11 @@ def torchrun_help() -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
-def launch(script: str, args: list, **kw) -> d.LaunchResult:
+def launch2(script: str, args: list, **kw) -> LaunchResult:
     kw.setdefault("echo", False)
     kw.setdefault("backend", "gloo")
     kw.setdefault("timeout", 120)
-    return d.launch(script, 2, args, **kw)
+    return launch(script, 2, args, **kw)
 
 
 def close(a: list[torch.Tensor], b: list[torch.Tensor], scale: float = 1.0) -> bool:
@@ -50,28 +73,28 @@ def close(a: list[torch.Tensor], b: list[torch.Tensor], scale: float = 1.0) -> b
 
 
 def test_scripts_ship_inside_the_package() -> None:
-    assert SCRIPTS | {"exercise_check"} <= set(d.available_scripts())
-    assert (d.SCRIPTS_DIR / "__init__.py").is_file(), "helpers/scripts must be a package"
-    for name in d.available_scripts():
-        path = d.script_path(name)
-        assert path.parent == d.SCRIPTS_DIR and path.suffix == ".py"
+    assert SCRIPTS | {"exercise_check"} <= set(available_scripts())
+    assert (SCRIPTS_DIR / "__init__.py").is_file(), "helpers/scripts must be a package"
+    for name in available_scripts():
+        path = script_path(name)
+        assert path.parent == SCRIPTS_DIR and path.suffix == ".py"
         compile(path.read_text(), str(path), "exec")
-    assert d.script_path(str(d.script_path("scaling"))) == d.script_path("scaling")
+    assert script_path(str(script_path("scaling"))) == script_path("scaling")
 
 
 def test_missing_script_says_which_exist() -> None:
     with pytest.raises(FileNotFoundError, match="manual_allreduce"):
-        d.script_path("no_such_script")
+        script_path("no_such_script")
     with pytest.raises(FileNotFoundError, match="No script"):
-        d.launch("/tmp/definitely/not/here.py", 2, echo=False)
+        launch("/tmp/definitely/not/here.py", 2, echo=False)
 
 
 def test_script_source_and_flags() -> None:
-    src = d.script_source("manual_allreduce", "average_gradients")
+    src = script_source("manual_allreduce", "average_gradients")
     assert src.startswith("def average_gradients") and "all_reduce" in src
-    with pytest.raises(d.LaunchError, match="no function"):
-        d.script_source("manual_allreduce", "nope")
-    assert d.as_flags({"per_rank_batch": 32, "hang": True, "x": False, "y": None}) == [
+    with pytest.raises(LaunchError, match="no function"):
+        script_source("manual_allreduce", "nope")
+    assert as_flags({"per_rank_batch": 32, "hang": True, "x": False, "y": None}) == [
         "--per-rank-batch",
         "32",
         "--hang",
@@ -97,55 +120,74 @@ def test_script_source_and_flags() -> None:
 def test_bad_input_is_refused(kwargs: dict, words: str) -> None:
     before = set(psutil.Process().children(recursive=True))
     args = {"nproc": 2, "backend": "gloo", "echo": False, **kwargs}
-    with pytest.raises(d.LaunchError, match=words):
-        d.launch("manual_allreduce", args.pop("nproc"), **args)
+    with pytest.raises(LaunchError, match=words):
+        launch("manual_allreduce", args.pop("nproc"), **args)
     assert set(psutil.Process().children(recursive=True)) <= before, "nothing may be started"
 
 
 def test_too_many_processes_names_the_limit() -> None:
-    limit = d.max_processes("gloo")
+    limit = max_processes("gloo")
     assert limit >= 2
-    with pytest.raises(d.LaunchError, match=rf"nproc <= {limit}"):
-        d.check_nproc(limit + 1, "gloo")
-    assert d.check_nproc(limit, "gloo") == limit
+    with pytest.raises(LaunchError, match=rf"nproc <= {limit}"):
+        check_nproc(limit + 1, "gloo")
+    assert check_nproc(limit, "gloo") == limit
 
 
 def test_a_tiny_gloo_job_may_start_three_ranks_anywhere() -> None:
-    top = max(d.max_processes("gloo"), d.TINY_JOB_RANKS)
-    assert d.check_nproc(d.TINY_JOB_RANKS, "gloo", tiny_job=True) == d.TINY_JOB_RANKS
-    with pytest.raises(d.LaunchError, match=rf"nproc <= {top}"):
-        d.check_nproc(top + 1, "gloo", tiny_job=True)
+    top = max(max_processes("gloo"), TINY_JOB_RANKS)
+    assert check_nproc(TINY_JOB_RANKS, "gloo", tiny_job=True) == TINY_JOB_RANKS
+    with pytest.raises(LaunchError, match=rf"nproc <= {top}"):
+        check_nproc(top + 1, "gloo", tiny_job=True)
 
 
-@pytest.mark.skipif(d.gpu_count() > 0, reason="needs a machine without GPUs")
+@pytest.mark.skipif(gpu_count() > 0, reason="needs a machine without GPUs")
 def test_nccl_without_gpus_is_refused() -> None:
-    with pytest.raises(d.LaunchError, match="needs CUDA"):
-        d.check_backend("nccl")
-    assert d.default_backend(2) == "gloo"
+    with pytest.raises(LaunchError, match="needs CUDA"):
+        check_backend("nccl")
+    assert check_backend(None, 2) == "gloo"
 
 
 def test_tcp_rendezvous_command_and_loopback() -> None:
-    cmd = d.torchrun_command("x.py", 2, ["--a", 1], rdzv_endpoint="127.0.0.1:29500")
+    cmd = torchrun_command("x.py", 2, ["--a", 1], rdzv_endpoint="127.0.0.1:29500")
     assert "--rdzv-endpoint=127.0.0.1:29500" in cmd and cmd[-3:] == ["x.py", "--a", "1"]
-    env = d.worker_env("gloo", 2)
-    assert env[d.BACKEND_ENV] == "gloo" and int(env["OMP_NUM_THREADS"]) >= 1
-    if d.loopback_interface():
-        assert env["GLOO_SOCKET_IFNAME"] == d.loopback_interface()
+    env = worker_env("gloo", 2)
+    assert env[BACKEND_ENV] == "gloo" and int(env["OMP_NUM_THREADS"]) >= 1
+    addrs = psutil.net_if_addrs().items()
+    lo = [name for name, a in addrs if any(x.address == "127.0.0.1" for x in a)]
+    if lo and "GLOO_SOCKET_IFNAME" not in os.environ:
+        assert env["GLOO_SOCKET_IFNAME"] == lo[0], "gloo's sockets stay on loopback"
+
+
+def test_torchrun_command_in_the_order_the_notebook_prints() -> None:
+    cmd = torchrun_command(
+        "t.py", 8, [1], nnodes=2, rdzv_endpoint="n:9", rdzv_id="j", max_restarts=3
+    )
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[3:] == [
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=n:9",
+        "--rdzv-id=j",
+        "--max-restarts=3",
+        "t.py",
+        "1",
+    ]
 
 
 @pytest.mark.parametrize("where", [{"rdzv_dir": "/tmp/r"}, {"rdzv_endpoint": "node1:29500"}])
 def test_torchrun_command_flags_exist(torchrun_help: str, where: dict[str, str]) -> None:
-    cmd = d.torchrun_command("x.py", 2, max_restarts=1, **where)
+    cmd = torchrun_command("x.py", 2, max_restarts=1, **where)
     for flag in [c.split("=")[0] for c in cmd if c.startswith("--")]:
         assert flag in torchrun_help, f"torchrun has no {flag}"
 
 
 def test_torchrun_command_needs_one_rendezvous() -> None:
-    with pytest.raises(d.LaunchError, match="exactly one"):
-        d.torchrun_command("x.py", 2)
-    with pytest.raises(d.LaunchError, match="exactly one"):
-        d.torchrun_command("x.py", 2, rdzv_dir="/tmp/r", rdzv_endpoint="h:1")
-    cmd = d.torchrun_command("x.py", 2, rdzv_dir="/tmp/r")
+    with pytest.raises(LaunchError, match="exactly one"):
+        torchrun_command("x.py", 2)
+    with pytest.raises(LaunchError, match="exactly one"):
+        torchrun_command("x.py", 2, rdzv_dir="/tmp/r", rdzv_endpoint="h:1")
+    cmd = torchrun_command("x.py", 2, rdzv_dir="/tmp/r")
     assert "--rdzv-conf=store_type=file" in cmd and "--local-addr=127.0.0.1" in cmd
 
 
@@ -162,7 +204,7 @@ def test_init_method_file_per_attempt(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_script_outside_torchrun_explains(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     run = subprocess.run(
-        [sys.executable, str(d.script_path("ddp_train")), "--out", str(tmp_path)],
+        [sys.executable, str(script_path("ddp_train")), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,
@@ -181,18 +223,18 @@ def test_explain_failure_reads_torchrun_report() -> None:
           exitcode  : 3 (pid: 42)
         """
     )
-    res = d.LaunchResult(command=[], nproc=2, backend="gloo", returncode=1, seconds=4.2)
+    res = LaunchResult(command=[], nproc=2, backend="gloo", returncode=1, seconds=4.2)
     res.lines = report.splitlines()
-    msg = d.explain_failure(res, 60)
+    msg = explain_failure(res, 60)
     assert "rank 1 failed first (exit code 3) without a Python traceback" in msg
     assert "rank 0: RuntimeError: Connection closed by peer" in msg
     res.timed_out = True
-    assert "timeout" in d.explain_failure(res, 60)
+    assert "timeout" in explain_failure(res, 60)
 
 
 def test_echo_hides_only_torchruns_own_traceback() -> None:
     shown: list[str] = []
-    echo = d._HideLauncherTraceback(shown.append)
+    echo = _HideLauncherTraceback(shown.append)
     lines = [
         "[rank0]: RuntimeError: the rank's error",
         "Traceback (most recent call last):",
@@ -210,37 +252,56 @@ def test_echo_hides_only_torchruns_own_traceback() -> None:
     assert shown[3:] == lines[6:], "a rank's unprefixed traceback is kept"
 
 
-def test_kill_tree_stops_grandchildren_in_other_sessions() -> None:
+# --- run folders: removed at exit, and swept after a day ---------------------------------------
+
+
+def test_run_dir_is_removed_when_python_exits(tmp_path: Path) -> None:
     code = (
-        "import subprocess, sys, time; "
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-        "start_new_session=True); time.sleep(600)"
+        "from helpers.launch import new_run_dir; out = new_run_dir('x'); "
+        "(out / 'rank0.pt').write_text('r'); print(out)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    root = psutil.Process(proc.pid)
-    for _ in range(100):
-        kids = root.children(recursive=True)
-        if kids:
-            break
-        psutil.wait_procs([], timeout=0.05)
-    assert kids, "the grandchild did not start"
-    hit = d.kill_tree(root, kids)
-    proc.wait(timeout=10)
-    assert set(hit) >= {proc.pid, *(k.pid for k in kids)}
-    assert d.alive_pids([proc.pid, *(k.pid for k in kids)]) == []
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    made = Path(run.stdout.strip())
+    assert made.parent == tmp_path and made.name.startswith("course_ch04_x_")
+    assert not made.exists(), "the run folder outlived the interpreter"
+
+
+def test_new_run_dir_removes_day_old_run_dirs_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old, fresh = tmp_path / "course_ch04_ddp_old", tmp_path / "course_ch04_ddp_fresh"
+    other, link = tmp_path / "not_the_course", tmp_path / "course_ch04_link"
+    for folder in (old, fresh, other):
+        folder.mkdir()
+        (folder / "rank0.pt").write_text("r")
+    link.symlink_to(other)
+    day_and_a_bit = time.time() - 25 * 3600
+    for path in (old, other, link):
+        os.utime(path, (day_and_a_bit, day_and_a_bit), follow_symlinks=False)
+    made = new_run_dir("new")
+    assert made.is_dir() and made.parent == tmp_path
+    assert not old.exists(), "a course_ch04_* folder untouched for a day is removed"
+    assert fresh.exists() and other.exists() and link.is_symlink(), "the rest is kept"
 
 
 # --- the scripts do what the chapter says -----------------------------------------------------
 
 
 def test_manual_allreduce_equals_one_process(tmp_path: Path) -> None:
-    res = launch("manual_allreduce", ["--out", tmp_path, "--per-rank-batch", 8], watch_sockets=True)
+    res = launch2(
+        "manual_allreduce", ["--out", tmp_path, "--per-rank-batch", 8], watch_sockets=True
+    )
     assert res.ok and res.seconds_until(READY_MARKER) is not None
     x, y = make_classification_data(16, seed=0)
     model = make_mlp(seed=0)
     nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
     ref = [p.grad for p in model.parameters()]
-    ranks = d.read_results(tmp_path, 2)
+    ranks = read_results(tmp_path, 2)
     for r in ranks:
         assert close(r["averaged"], ref)
         assert not close(r["local"], ref)
@@ -250,16 +311,16 @@ def test_manual_allreduce_equals_one_process(tmp_path: Path) -> None:
     # whatever listened (the ranks' gloo sockets, if a sample caught them) was on loopback
     assert {ip for _, ip, _ in res.listening} <= {"127.0.0.1", "::1"}, res.listening
     assert {pid for pid, _, _ in res.listening} <= set(res.child_pids), res.listening
-    assert d.alive_pids(res.child_pids) == []
+    assert alive_pids(res.child_pids) == []
 
 
 def test_ddp_train(tmp_path: Path) -> None:
     b, n, epochs, lr, accum = 16, 256, 2, 0.1, 3
     args = ["--out", tmp_path, "--samples", n, "--per-rank-batch", b, "--epochs", epochs]
-    res = launch("ddp_train", [*args, "--lr", lr, "--accum", accum])
+    res = launch2("ddp_train", [*args, "--lr", lr, "--accum", accum])
     assert res.ok
     assert res.rank_lines(0) and not res.rank_lines(1), "only rank 0 logs"
-    r0, r1 = d.read_results(tmp_path, 2)
+    r0, r1 = read_results(tmp_path, 2)
     assert r0["identical"] and r1["identical"] and torch.equal(r0["params"], r1["params"])
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state)
@@ -298,9 +359,9 @@ def test_ddp_train(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def fsdp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp")
-    res = launch("fsdp_vs_ddp", ["--out", out, "--width", 64, "--steps", 3])
+    res = launch2("fsdp_vs_ddp", ["--out", out, "--width", 64, "--steps", 3])
     assert res.ok
-    return d.read_results(out, 2)
+    return read_results(out, 2)
 
 
 def test_fsdp_matches_ddp_with_half_the_bytes(fsdp_results: list[dict]) -> None:
@@ -345,7 +406,7 @@ def test_ddp_sends_the_same_bytes_with_any_optimizer(fsdp_results: list[dict]) -
 
 
 def test_dead_rank_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
-    res = launch(
+    res = launch2(
         "elastic_train",
         ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 2],
         timeout=60,
@@ -355,17 +416,17 @@ def test_dead_rank_fails_fast_and_leaves_nothing(tmp_path: Path) -> None:
     assert res.seconds < 45, f"took {res.seconds:.1f} s"
     assert "rank 1 failed first (exit code 3)" in res.message
     assert len(res.child_pids) >= 2
-    assert d.alive_pids(res.child_pids) == [], "a worker process was left behind"
-    with pytest.raises(d.LaunchError, match="failed first"):
-        launch("elastic_train", ["--out", tmp_path / "b", "--die-rank", 0, "--die-at-step", 0])
+    assert alive_pids(res.child_pids) == [], "a worker process was left behind"
+    with pytest.raises(LaunchError, match="failed first"):
+        launch2("elastic_train", ["--out", tmp_path / "b", "--die-rank", 0, "--die-at-step", 0])
 
 
 def test_hang_becomes_an_error_at_the_process_group_timeout(tmp_path: Path) -> None:
     args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 1, "--hang", "--pg-timeout", 5]
-    res = launch("elastic_train", args, timeout=90, check=False, watch_sockets=True)
+    res = launch2("elastic_train", args, timeout=90, check=False, watch_sockets=True)
     assert res.returncode not in (0, None) and not res.timed_out
     assert "rank 0 failed first" in res.message
-    assert d.alive_pids(res.child_pids) == []
+    assert alive_pids(res.child_pids) == []
     # the ranks sat connected for 5 s: their gloo sockets were seen, all on loopback, and
     # torchrun (not among child_pids, which are its descendants) listened on nothing
     addrs = {ip for _, ip, _ in res.listening}
@@ -374,22 +435,11 @@ def test_hang_becomes_an_error_at_the_process_group_timeout(tmp_path: Path) -> N
     assert {pid for pid, _, _ in res.listening} <= set(res.child_pids), res.listening
 
 
-def test_listening_sockets_sees_this_process() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        assert ("127.0.0.1", port) in d.listening_sockets()
-    assert ("127.0.0.1", port) not in d.listening_sockets()
-
-
 def test_launch_timeout_kills_torchrun_and_workers(tmp_path: Path) -> None:
     args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 0, "--hang", "--pg-timeout", 600]
-    res = launch("elastic_train", args, timeout=25, check=False)
+    res = launch2("elastic_train", args, timeout=25, check=False)
     assert res.timed_out and not res.ok and "timeout" in res.message
-    assert res.killed_pids and d.alive_pids(res.killed_pids + res.child_pids) == []
+    assert res.killed_pids and alive_pids(res.killed_pids + res.child_pids) == []
     assert res.returncode not in (0, None), "a killed torchrun did not exit cleanly"
 
 
@@ -405,9 +455,9 @@ def test_interrupt_kills_everything(tmp_path: Path) -> None:
 
     args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 0, "--hang", "--pg-timeout", 600]
     with pytest.raises(KeyboardInterrupt):
-        launch("elastic_train", args, echo=interrupt_on_hang)
+        launch2("elastic_train", args, echo=interrupt_on_hang)
     assert len(seen) >= 3, "torchrun and two workers"
-    assert d.alive_pids([p.pid for p in seen]) == []
+    assert alive_pids([p.pid for p in seen]) == []
 
 
 def elastic_reference(steps: int, per_rank: int = 32, lr: float = 0.05) -> torch.Tensor:
@@ -423,63 +473,14 @@ def elastic_reference(steps: int, per_rank: int = 32, lr: float = 0.05) -> torch
 
 def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 6, "--steps", 10]
-    res = launch("elastic_train", args, max_restarts=1)
+    res = launch2("elastic_train", args, max_restarts=1)
     assert res.ok and any("attempt 1: starting at step 4" in ln for ln in res.lines)
-    (r0,) = d.read_results(tmp_path)
+    (r0,) = read_results(tmp_path)
     assert r0["attempt"] == 1 and r0["resumed_from"] == 4
     assert torch.allclose(r0["params"], elastic_reference(10), atol=1e-6)
 
 
-# --- scaling: the widget's run and plot functions, and its button -----------------------------
-
-
-def test_scaling_widget_runs_and_plots() -> None:
-    from matplotlib.figure import Figure
-
-    from helpers.widgets import interactive_plot
-
-    controls = d.scaling_controls(max_nproc=2)
-    controls["steps"].value = 5
-    controls["width"].value = 64
-    box = interactive_plot(d.run_scaling, d.plot_scaling, controls)
-    box.run_button.click()
-    result = box.last_result
-    assert result is not None, "the Run button failed; see the widget output"
-    assert result.column("processes") == [1, 2]
-    assert result.rows[0]["efficiency"] == pytest.approx(1.0)
-    assert all(r["samples/s"] > 0 for r in result.rows)
-    assert 0 < result.startup_s < result.launch_s  # one launch measured both sizes
-    assert "one launch of 2 rank(s)" in str(result)
-    assert isinstance(d.plot_scaling(result), Figure)
-    with pytest.raises(ValueError, match="max_processes"):
-        d.run_scaling(max_processes=0)
-
-
-def test_scaling_point_is_one_launch_of_one_size() -> None:
-    row = d.scaling_point(1, backend="gloo", per_rank_batch=8, width=16, steps=2)
-    assert row["processes"] == 1 and row["global batch"] == 8 and row["mode"] == "ddp"
-    assert row["threads/rank"] == 1 and row["samples/s"] > 0 and row["start-up s"] > 0
-
-
-@pytest.mark.parametrize("nprocs", [(), (1, "2"), (1, True)])
-def test_measure_scaling_needs_whole_numbers(nprocs: tuple) -> None:
-    with pytest.raises(ValueError, match="nprocs must be whole numbers"):
-        d.measure_scaling(nprocs)
-
-
-def test_measure_scaling_refuses_more_ranks_than_allowed() -> None:
-    too_many = d.max_processes("gloo") + 1
-    with pytest.raises(d.LaunchError, match=f"nproc={too_many} is more than"):
-        d.measure_scaling((1, too_many), backend="gloo")
-
-
-def test_scaling_script_sizes() -> None:
-    from helpers.scripts.scaling import parse_sizes
-
-    assert parse_sizes(None, 4) == [4] and parse_sizes("1,2,4", 4) == [1, 2, 4]
-    for bad in ("0,2", "1,5"):
-        with pytest.raises(SystemExit, match="between 1 and 4 ranks"):
-            parse_sizes(bad, 4)
+# --- the Slurm example -------------------------------------------------------------------------
 
 
 def free_tcp_port() -> int:
@@ -489,9 +490,6 @@ def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-# --- the Slurm example -------------------------------------------------------------------------
 
 
 def test_slurm_script_parses() -> None:
@@ -535,7 +533,7 @@ def test_slurm_script_runs_with_stand_ins(tmp_path: Path) -> None:
         "RDZV_PORT": str(free_tcp_port()),
         "OUT_DIR": str(tmp_path / "out"),
         "OMP_NUM_THREADS": "1",
-        d.BACKEND_ENV: "gloo",
+        BACKEND_ENV: "gloo",
     }
     run = subprocess.run(
         ["bash", str(SBATCH), "--die-rank", "1", "--die-at-step", "6", "--steps", "8"],
@@ -546,7 +544,7 @@ def test_slurm_script_runs_with_stand_ins(tmp_path: Path) -> None:
         start_new_session=True,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    (r0,) = d.read_results(tmp_path / "out")
+    (r0,) = read_results(tmp_path / "out")
     assert r0["attempt"] == 1 and r0["resumed_from"] == 4
 
 
@@ -609,7 +607,7 @@ def test_exit_now_flushes_and_ends_the_process_with_code_0() -> None:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS | {"exercise_check"}))
 def test_every_script_ends_with_exit_now(name: str) -> None:
-    text = d.script_path(name).read_text()
+    text = script_path(name).read_text()
     assert text.rstrip().endswith(
         "main()\n    exit_now()  # skip the slow interpreter shutdown: see common.exit_now"
     )

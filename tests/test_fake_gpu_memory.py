@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from helpers.memory import format_bytes, memory_readout, track_peak
+from helpers.memory import memory_readout, track_peak
+from helpers.units import format_bytes
 
 GiB = 2**30
 

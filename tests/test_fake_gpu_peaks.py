@@ -7,8 +7,9 @@ import re
 import pytest
 import torch
 
-from helpers import devices
-from helpers.devices import _PEAK_TABLE, DeviceError, peak_flops, peak_row
+from helpers import devices, dtypes
+from helpers.peaks import _PEAK_TABLE, UNKNOWN_PEAK, peak_flops, peak_row
+from helpers.validate import DeviceError
 
 #: Real names as torch prints them -> dense TFLOP/s (fp32, tf32, bf16, fp16); None = no fast path.
 KNOWN: dict[str, tuple[float, float | None, float | None, float | None]] = {
@@ -142,9 +143,9 @@ def test_tf32_is_a_precision_name_and_a_flag() -> None:
 
 def test_parse_dtype_still_rejects_tf32_and_garbage_clearly() -> None:
     with pytest.raises(DeviceError, match="not a dtype: TF32 is how a GPU"):
-        devices.parse_dtype("tf32")
+        dtypes.parse_dtype("tf32")
     with pytest.raises(DeviceError, match="Unknown dtype 'fp12'"):
-        devices.parse_dtype("fp12")
+        dtypes.parse_dtype("fp12")
     with pytest.raises(DeviceError, match="Unknown dtype"):
         peak_flops("NVIDIA H100 80GB HBM3", "fp12")
 
@@ -182,7 +183,7 @@ def test_describe_device_shows_the_table_row(fake_gpu, kind: str, name: str) -> 
     assert info.name == name and info.peak_tflops == pytest.approx(expected)
     shown = dict(info.rows())["datasheet peak TFLOP/s"]
     if not expected:
-        assert shown == devices.UNKNOWN_PEAK
+        assert shown == UNKNOWN_PEAK
     else:
         assert shown.startswith(f"fp32 {expected['fp32']:g}")
         missing = [p for p in PRECISIONS if p not in expected]

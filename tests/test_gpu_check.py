@@ -12,8 +12,8 @@ import nbformat
 import pytest
 import torch
 
-from helpers import distributed
-from helpers.distributed import LaunchResult
+from helpers import launch as torchrun
+from helpers.launch import LaunchResult
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,7 @@ def test_quick_settings_name_real_scripts_and_flags() -> None:
     for path in (*gpu_check.QUICK_NOTEBOOKS, *gpu_check.QUICK_TESTS):
         assert (ROOT / path).exists(), path
     for script, flags in gpu_check.NCCL_SCRIPTS.items():
-        source = distributed.script_path(script).read_text()
+        source = torchrun.script_path(script).read_text()
         assert all(f'"{f}"' in source for f in flags if f.startswith("--")), script
 
 
@@ -170,7 +170,7 @@ def good_results(script: str, world: int) -> list[dict]:
 
 
 class FakeLauncher:
-    """Stands in for helpers.distributed.launch: records the calls, saves chosen rank results."""
+    """Stands in for helpers.launch.launch: records the calls, saves chosen rank results."""
 
     def __init__(self, fail: str = "", wrong: str = "") -> None:
         self.calls: list[tuple[str, int, str]] = []
@@ -201,7 +201,7 @@ def test_two_fake_gpus_run_ddp_and_fsdp_on_nccl_at_world_sizes_1_and_2(
     fake_gpu("h100_sxm", count=2)
     in_process_machine(monkeypatch)
     launcher = FakeLauncher()
-    monkeypatch.setattr(distributed, "launch", launcher)
+    monkeypatch.setattr(torchrun, "launch", launcher)
     assert gpu_check.main(["--only", "nccl", "--out", str(tmp_path)]) == 0
     assert launcher.calls == [
         ("ddp_train", 1, "nccl"),
@@ -224,7 +224,7 @@ def test_one_fake_gpu_reports_a_failed_launch_and_wrong_results(
     machine = gpu_check.probe_machine()
     assert machine["gpu_count"] == 1 and machine["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
     launcher = FakeLauncher(fail="fsdp_vs_ddp", wrong="ddp_train")
-    monkeypatch.setattr(distributed, "launch", launcher)
+    monkeypatch.setattr(torchrun, "launch", launcher)
     part = gpu_check.run_nccl(tmp_path, gpu_check.parse_args([]), machine)
     assert [c[1] for c in launcher.calls] == [1, 1], "one GPU: world size 1 only"
     assert part.status == "FAILED"

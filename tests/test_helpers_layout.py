@@ -15,10 +15,7 @@ HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 
 #: Public names still defined in more than one module, and why. Remove an entry when it is
 #: fixed; the test fails on any other duplicate.
-KNOWN_DUPLICATES = {
-    "make_mlp": "chapters 2, 3 and 5 each build their own MLP (loops, precision, memory_bill); "
-    "one make_mlp for every chapter is the open part of issue 17",
-}
+KNOWN_DUPLICATES: dict[str, str] = {}
 
 
 def modules() -> dict[str, Path]:
@@ -113,7 +110,11 @@ def test_every_public_helper_name_is_defined_once() -> None:
     assert not fixed, f"{fixed} is defined once now: remove it from KNOWN_DUPLICATES"
 
 
+GROUND_FLOOR = ("helpers.units", "helpers.validate", "helpers.models")
+
+
 def test_the_ground_floor_imports_nothing_from_the_course() -> None:
     mods = modules()
-    for name in ("helpers.units", "helpers.validate"):
-        assert not imports(mods[name], set(mods)), f"{name} must import only the standard library"
+    for name in GROUND_FLOOR:
+        above = {t for t, _ in imports(mods[name], set(mods))} - set(GROUND_FLOOR)
+        assert not above, f"{name} may import only torch, the standard library and {GROUND_FLOOR}"

@@ -10,7 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 import helpers.matmul as mm
-from helpers.devices import DeviceError
+from helpers.validate import DeviceError
 from helpers.widgets import interactive_plot
 
 FAST = dict(min_run_time=0.01, progress=False)
@@ -36,25 +36,27 @@ def test_matmul_flops_rejects_bad_sizes(bad: object) -> None:
         mm.matmul_flops(bad, 4, 4)
 
 
-def test_doubling_sizes() -> None:
-    assert mm.doubling_sizes(64, 1024) == [64, 128, 256, 512, 1024]
-    assert mm.doubling_sizes(100, 1000) == [100, 200, 400, 800]
-    assert mm.doubling_sizes(8, 8) == [8]
+def test_size_range_is_doublings() -> None:
+    assert mm._sizes(None, (64, 1024)) == [64, 128, 256, 512, 1024]
+    assert mm._sizes(None, (100, 1000)) == [100, 200, 400, 800]
+    assert mm._sizes(None, (8, 8)) == [8]
+    assert mm._sizes(None, None) == [64, 128, 256, 512, 1024]
 
 
 @pytest.mark.parametrize(
     ("lo", "hi", "match"),
     [(1024, 64, "smaller size first"), (0, 8, "> 0"), (-4, 8, "> 0"), (4, 2.5, "whole number")],
 )
-def test_doubling_sizes_rejects_bad_ranges(lo: object, hi: object, match: str) -> None:
+def test_size_range_rejects_bad_ranges(lo: object, hi: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        mm.doubling_sizes(lo, hi)
+        mm._sizes(None, (lo, hi))
 
 
 def test_default_size_range_is_small_on_cpu_and_offered_by_the_slider() -> None:
     lo, hi = mm.default_size_range("cpu")
     assert (lo, hi) == (64, 1024)
-    assert lo in mm.SIZE_CHOICES and hi in mm.SIZE_CHOICES
+    slider = mm.matmul_controls("cpu")["size_range"].options
+    assert lo in slider and hi in slider
 
 
 def test_peak_is_unknown_on_cpu() -> None:
@@ -154,7 +156,7 @@ def test_speedup_needs_an_accelerator() -> None:
         mm.run_speedup([16], device="cpu", progress=False)
 
 
-def test_combine_speedup_joins_on_n() -> None:
+def test_speedup_joins_on_n(monkeypatch, fake_gpu) -> None:  # noqa: ANN001
     cpu = mm.MatmulSweep(param="n", rows=[{"n": 16, "time (ms)": 2.0}, {"n": 32, "time (ms)": 8.0}])
     gpu = mm.MatmulSweep(
         param="n",
@@ -167,7 +169,10 @@ def test_combine_speedup_joins_on_n() -> None:
         skipped=["n=128: over the budget"],
     )
     cpu.skipped = ["n=64: over the budget"]
-    both = mm.combine_speedup(cpu, gpu)
+    fake_gpu("h100_sxm")
+    sweeps = {"cpu": cpu, "cuda": gpu}
+    monkeypatch.setattr(mm, "run_matmul_sweep", lambda sizes, dtype, device: sweeps[str(device)])
+    both = mm.run_speedup([16, 32, 64], device="cuda")
     assert both.column("n") == [16, 32]
     assert both.column("speed-up") == [0.5, 16.0]
     assert both.column("cuda:0 (ms)") == [4.0, 0.5]
@@ -221,7 +226,6 @@ def test_plots_have_the_expected_panels() -> None:
     fig = mm.plot_matmul_sweep(result)
     assert len(fig.axes) == 2
     assert fig.axes[1].get_ylabel() == "GFLOP/s"
-    assert isinstance(mm.plot_speedup(mm.combine_speedup(result, result)), Figure)
 
 
 def test_controls_match_the_run_function() -> None:
@@ -252,7 +256,7 @@ def test_tf32_is_offered_only_where_it_exists(fake_gpu, kind: str, has_tf32: boo
     assert ("tf32" in mm.dtype_choices(gpu.device)) is has_tf32
     assert ("tf32" in mm.matmul_controls(gpu.device)["dtype"].options) is has_tf32
     if has_tf32:
-        assert mm._precision(gpu.device, "tf32") == (torch.float32, True)
+        assert mm.check_tf32(gpu.device) == torch.float32
     assert mm.dtype_choices(gpu.device)[0] == "fp32"
 
 
@@ -265,7 +269,7 @@ def test_tf32_peak_comes_from_the_table(fake_gpu) -> None:  # noqa: ANN001
 
 
 def test_tf32_on_a_cpu_is_a_clear_error() -> None:
-    assert mm.dtype_choices("cpu") == mm.DTYPE_CHOICES
+    assert mm.dtype_choices("cpu") == ["fp32", "bf16", "fp16", "fp64"]
     with pytest.raises(DeviceError, match="compute capability 8.0 or newer.*Use 'fp32'"):
         mm.run_matmul_sweep([16], "tf32", "cpu", **FAST)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.memory import PeakMemory, format_bytes, memory_readout, track_peak
+from helpers.memory import PeakMemory, memory_readout, track_peak
+from helpers.units import format_bytes
 
 
 @pytest.mark.parametrize(

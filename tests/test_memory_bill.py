@@ -13,14 +13,21 @@ from helpers.memory_bill import (
     MemoryBill,
     bill_sweep,
     estimate_training_memory,
-    make_mlp,
     measure_training_memory,
     optimizer_kind,
     plot_bill_sweep,
 )
+from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.widgets import interactive_plot
 
 MiB = 2**20
+
+
+def mlp(width: int, depth: int) -> torch.nn.Sequential:
+    """Chapter 5's MLP: `depth` blocks of Linear + ReLU, then a 10-way head."""
+    return make_mlp(wide_mlp_sizes(width, depth, 10), blocks=True)
+
+
 LINES = ("parameters", "gradients", "optimizer_state", "saved_for_backward", "total")
 OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p),
@@ -34,7 +41,7 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_estimate_equals_one_real_step(name: str, precision: str) -> None:
     torch.manual_seed(0)
-    model = make_mlp(128, 3)
+    model = mlp(128, 3)
     opt = OPTIMIZERS[name](model.parameters())
     x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
     real = measure_training_memory(
@@ -46,7 +53,7 @@ def test_estimate_equals_one_real_step(name: str, precision: str) -> None:
 
 
 def test_estimate_with_checkpointing_equals_a_real_step() -> None:
-    model = make_mlp(64, 4)
+    model = mlp(64, 4)
     opt = torch.optim.Adam(model.parameters())
     x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
     real = measure_training_memory(
@@ -57,7 +64,7 @@ def test_estimate_with_checkpointing_equals_a_real_step() -> None:
 
 
 def test_bytes_per_parameter_by_optimizer() -> None:
-    model = make_mlp(64, 2)
+    model = mlp(64, 2)
     n, tensors = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
     for name, copies in (
         ("adam", 2),
@@ -73,7 +80,7 @@ def test_bytes_per_parameter_by_optimizer() -> None:
 
 
 def test_frozen_parameters_have_no_gradients_or_state() -> None:
-    model = make_mlp(32, 2)
+    model = mlp(32, 2)
     for p in model[0].parameters():
         p.requires_grad_(False)
     bill = estimate_training_memory(model, 4, (32,), optimizer="adam")
@@ -82,16 +89,16 @@ def test_frozen_parameters_have_no_gradients_or_state() -> None:
 
 
 def test_cuda_context_is_a_cited_range_only_on_cuda() -> None:
-    bill = estimate_training_memory(make_mlp(16, 1), 2, (16,))
+    bill = estimate_training_memory(mlp(16, 1), 2, (16,))
     assert bill.context is None
-    rows = MemoryBill(1, 1, 1, 1, context=CUDA_CONTEXT_RANGE).rows()
-    assert rows[-1]["item"].startswith("CUDA context") and rows[-1]["bytes"] == "n/a"
+    last = str(MemoryBill(1, 1, 1, 1, context=CUDA_CONTEXT_RANGE)).splitlines()[-1].split()
+    assert last[:2] == ["CUDA", "context"] and last[-1] == "n/a"
     lo, hi = CUDA_CONTEXT_RANGE
     assert lo == 2**30 // 2 and 1.7 * 2**30 < hi < 1.9 * 2**30
 
 
 def test_activation_bytes_override_and_printing() -> None:
-    bill = estimate_training_memory(make_mlp(16, 1), 2, (16,), activation_bytes=1000)
+    bill = estimate_training_memory(mlp(16, 1), 2, (16,), activation_bytes=1000)
     assert bill.activations == 1000 and bill.autocast_copies == 0
     text = str(bill)
     assert "optimizer state" in text and "total (tensors)" in text
@@ -109,35 +116,29 @@ def test_optimizer_kind() -> None:
     [
         (lambda: estimate_training_memory(nn.ReLU(), 4, (8,)), ValueError, "has no parameters"),
         (lambda: estimate_training_memory(nn.Sequential(), 4, (8,)), ValueError, "no parameters"),
-        (lambda: estimate_training_memory(make_mlp(8, 1), -4, (8,)), ValueError, "batch_size"),
-        (lambda: estimate_training_memory(make_mlp(8, 1), 0, (8,)), ValueError, "batch_size"),
+        (lambda: estimate_training_memory(mlp(8, 1), -4, (8,)), ValueError, "batch_size"),
+        (lambda: estimate_training_memory(mlp(8, 1), 0, (8,)), ValueError, "batch_size"),
         (lambda: estimate_training_memory("model", 4, (8,)), TypeError, "nn.Module"),
         (
-            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), optimizer="lion"),
+            lambda: estimate_training_memory(mlp(8, 1), 4, (8,), optimizer="lion"),
             ValueError,
             "Unknown optimizer",
         ),
         (
-            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), precision="int8"),
+            lambda: estimate_training_memory(mlp(8, 1), 4, (8,), precision="int8"),
             Exception,
             "dtype",
         ),
         (
-            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), precision="fp64"),
+            lambda: estimate_training_memory(mlp(8, 1), 4, (8,), precision="fp64"),
             ValueError,
             "bf16 or fp16",
-        ),
-        (
-            lambda: estimate_training_memory(make_mlp(8, 1), 4, (8,), activation_bytes=-1),
-            ValueError,
-            ">= 0",
         ),
         (
             lambda: optimizer_kind(torch.optim.RMSprop([nn.Parameter(torch.zeros(1))])),
             ValueError,
             "Adam, AdamW and SGD",
         ),
-        (lambda: make_mlp(0, 2), ValueError, "width"),
         (lambda: bill_sweep(512, precision="fp8", device="cpu"), ValueError, "precision"),
         (lambda: bill_sweep(-1, device="cpu"), ValueError, "max_batch"),
     ],
@@ -187,7 +188,7 @@ def test_cuda_step_phases_reads_each_phase_peak(fake_gpu) -> None:
 
     gpu = fake_gpu("h100_sxm")
     gpu.allocate(1000 * MiB)  # what the process holds before the step
-    model = make_mlp(32, 2)
+    model = mlp(32, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def step_with_temporaries() -> None:  # a parameter-sized buffer, as foreach Adam makes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
 
 try:
@@ -131,4 +132,18 @@ def test_chapter_has_exercises_and_solutions(path: Path) -> None:
     )
     assert f"../solutions/{solutions.name}" in text, (
         f"{path.name}: the Exercises section must link the solutions"
+    )
+
+
+#: One idea per cell: a chapter's median code cell has at most this many lines.
+MAX_MEDIAN_CELL_LINES = 10
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=ids(CHAPTERS))
+def test_chapter_cells_are_short(path: Path) -> None:
+    lengths = sorted(len(src.strip().splitlines()) for src in code_cells(nbfiles.read(path)))
+    median = statistics.median(lengths)
+    assert median <= MAX_MEDIAN_CELL_LINES, (
+        f"{path.name}: the median code cell has {median} lines (at most "
+        f"{MAX_MEDIAN_CELL_LINES}); split long cells so that each shows one idea"
     )

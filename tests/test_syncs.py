@@ -10,7 +10,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.batching import PermutationSampler, ResidentBatches
-from helpers.loops import fast_epoch, make_adam, make_mlp, sources_epoch
+from helpers.loops import fast_epoch, make_adam, sources_epoch
+from helpers.models import make_mlp
 from helpers.syncs import SyncCounter, count_syncs, sync_kinds
 
 T = torch.tensor([0.5, -1.0, 2.0])
@@ -84,7 +85,7 @@ def test_copies_to_the_host_count_only_from_a_device() -> None:
 
 def test_host_bookkeeping_by_pytorch_is_recorded_not_counted() -> None:
     x, y = torch.randn(128, 20), torch.rand(128, 1)
-    model = make_mlp()
+    model = make_mlp(sigmoid=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
     opt = torch.optim.Adam(model.parameters())  # for-loop Adam reads its CPU step counters
     _, counter = count_syncs(sources_epoch, model, loader, opt, nn.BCELoss(), torch.device("cpu"))
@@ -97,12 +98,12 @@ def test_host_bookkeeping_by_pytorch_is_recorded_not_counted() -> None:
 def test_sources_loop_one_sync_per_step_fast_loop_one_per_epoch() -> None:
     x, y = torch.randn(300, 20), (torch.rand(300, 1) > 0.5).float()
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
-    src = make_mlp()
+    src = make_mlp(sigmoid=True)
     loader = DataLoader(TensorDataset(x, y), batch_size=64, sampler=PermutationSampler(300, g1))
     _, c_src = count_syncs(
         sources_epoch, src, loader, make_adam(src.parameters()), nn.BCELoss(), torch.device("cpu")
     )
-    fast = make_mlp(logits=True)
+    fast = make_mlp()
     batches = ResidentBatches(x, y, batch_size=64, generator=g2)
     opt = make_adam(fast.parameters(), impl="fused")
     _, c_fast = count_syncs(fast_epoch, fast, batches, opt, nn.BCEWithLogitsLoss())

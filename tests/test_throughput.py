@@ -7,7 +7,6 @@ import pytest
 from helpers.data import make_classification_data
 from helpers.sweeps import SweepResult
 from helpers.throughput import (
-    batch_sizes_from_log2,
     measure_batch_size,
     plot_throughput,
     run_throughput,
@@ -57,7 +56,7 @@ def test_measure_batch_size_bad_input() -> None:
 )
 def test_bad_ranges(log2_batch, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        batch_sizes_from_log2(log2_batch)
+        run_throughput(log2_batch, device="cpu", n_samples=100)
 
 
 def test_run_throughput_bad_input() -> None:

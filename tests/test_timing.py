@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils import benchmark as tbench
 
-from helpers.timing import BenchResult, benchmark, format_seconds
+from helpers.timing import BenchResult, benchmark
+from helpers.units import format_seconds
 
 
 def test_benchmark_reports_median_and_spread() -> None:

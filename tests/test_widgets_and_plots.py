@@ -7,9 +7,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from helpers.plots import line_plot, plot_sweep  # noqa: E402
+from helpers.plots import plot_sweep  # noqa: E402
 from helpers.sweeps import run_sweep  # noqa: E402
-from helpers.widgets import control_values, interactive_plot  # noqa: E402
+from helpers.widgets import interactive_plot  # noqa: E402
 
 
 def run(n: int, scale: float) -> object:
@@ -23,18 +23,19 @@ def plot(result: object) -> object:
 def test_plot_functions_return_figures() -> None:
     fig = plot(run(3, 2.0))
     assert fig.axes[0].get_title() == "test" and len(fig.axes[0].lines) == 1
-    fig2 = line_plot(
-        [1, 2], {"a": [1, 2], "b": [2, 3]}, xlabel="x", ylabel="y", logx=True, logy=True
-    )
-    assert fig2.axes[0].get_legend() is not None
+    two = run_sweep(lambda k: {"a": k, "b": k + 1}, [1, 2], param="k", progress=False)
+    ax = plot_sweep(two, ["a", "b"], logx=True, logy=True).axes[0]
+    assert ax.get_legend() is not None and ax.get_xscale() == ax.get_yscale() == "log"
 
 
-def test_control_values_round_floats() -> None:
+def test_control_values_are_rounded() -> None:
     c = {
         "a": widgets.FloatSlider(value=1.9999999999999998),
         "r": widgets.IntRangeSlider(value=(2, 5)),
     }
-    assert control_values(c) == {"a": 2.0, "r": (2, 5)}
+    box = interactive_plot(lambda **values: values, lambda values: plot(run(2, 1.0)), c)
+    box.run_button.click()
+    assert box.last_result == {"a": 2.0, "r": (2, 5)}
 
 
 def test_button_runs_and_plots() -> None:

@@ -13,7 +13,7 @@ from helpers.batching import ResidentBatches
 from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
 from helpers.data import make_classification_data
 from helpers.devices import pick_device
-from helpers.loops import make_mlp
+from helpers.models import make_mlp
 from helpers.syncs import count_syncs
 
 
@@ -136,7 +136,7 @@ def _epoch_case(device: torch.device, seed: int = 0):
     """A model, optimizer and batches for exercise 2, rebuilt identically for each run (chapter 2)."""
     x, y = make_classification_data(610, 20, seed=seed)  # the last batch has 10 samples
     torch.manual_seed(seed)
-    model = make_mlp(logits=True).to(device)
+    model = make_mlp(device=device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     batches = ResidentBatches(x.to(device), y.to(device), batch_size=50, generator=g)

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from helpers.amp_choice import choose_amp_dtype
 from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
 from helpers.data import make_classification_data
-from helpers.precision import choose_amp_dtype
 
 _SUB = 2.0**-24  # fp16's smallest subnormal
 _NORMAL = 2.0**-14  # fp16's smallest normal

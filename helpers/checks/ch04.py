@@ -37,7 +37,7 @@ from helpers.checks import (
     run_check,
 )
 from helpers.data import make_classification_data
-from helpers.distributed import TINY_JOB_RANKS, launch, new_run_dir, read_results
+from helpers.launch import TINY_JOB_RANKS, launch, new_run_dir, read_results
 from helpers.scripts import exercise_check as task
 from helpers.scripts.common import Context, teardown
 
@@ -449,7 +449,7 @@ def _expect_trained(ranks: list[dict[str, Any]]) -> None:
         _where(w, 0) + f"torch.load(checkpoint_path, weights_only=True) failed: {state}. Save "
         "model.module.state_dict() with torch.save to checkpoint_path.",
     )
-    plain = task.make_mlp(task.SIZES)
+    plain = task.make_mlp(task.SIZES, seed=0)
     plain.load_state_dict(state)
     saved = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
     expect(

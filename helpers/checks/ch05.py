@@ -27,7 +27,8 @@ from helpers.checks import (
     run_check,
     work_order,
 )
-from helpers.memory_bill import make_mlp, measure_training_memory
+from helpers.memory_bill import measure_training_memory
+from helpers.models import make_mlp, wide_mlp_sizes
 
 _KEYS = ("parameters", "gradients", "optimizer_state", "activations")
 
@@ -249,7 +250,7 @@ def check_forward_low_memory(
 
     def probes() -> None:
         torch.manual_seed(0)
-        model = make_mlp(256, 6)
+        model = make_mlp(wide_mlp_sizes(256, 6, 10), blocks=True)
         x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
         plain = measure_activation_bytes(model, x)
         model.zero_grad(set_to_none=True)

@@ -1,8 +1,8 @@
 """Programs the chapter 4 notebook launches with ``torchrun`` (chapter 4).
 
 They are shipped inside the package, so that ``pip install git+...`` (Colab) has them too.
-Find one with :func:`helpers.distributed.script_path`; run one with
-:func:`helpers.distributed.launch`. Each also runs from a terminal::
+Find one with :func:`helpers.launch.script_path`; run one with
+:func:`helpers.launch.launch`. Each also runs from a terminal::
 
     torchrun --standalone --nproc-per-node=2 helpers/scripts/manual_allreduce.py --out /tmp/x
 

@@ -81,7 +81,7 @@ def setup(timeout_s: float = 60.0) -> Context:
         raise SystemExit(
             f"{script}: {', '.join(missing)} not set. Start it with torchrun, e.g. "
             f"`torchrun --standalone --nproc-per-node=2 {script} --out /tmp/run`, or from a "
-            f"notebook with helpers.distributed.launch('{Path(script).stem}')."
+            f"notebook with helpers.launch.launch('{Path(script).stem}')."
         )
     backend = choose_backend()
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -169,17 +169,6 @@ def write_result(out: Path, ctx: Context, result: dict[str, Any]) -> Path:
     path = out / f"rank{ctx.rank}.pt"
     torch.save(result, path)
     return path
-
-
-def make_mlp(sizes: tuple[int, ...] = (20, 64, 32, 1), seed: int = 0) -> nn.Sequential:
-    """Linear+ReLU layers of the given widths, the last without ReLU, seeded on the CPU (chapter 4)."""
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:

@@ -24,13 +24,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from helpers.data import make_classification_data
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
     flat_params,
     grads,
     log,
-    make_mlp,
     parser,
     setup,
     teardown,

@@ -25,12 +25,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
     flat_params,
     log,
-    make_mlp,
     parser,
     say,
     setup,

@@ -30,12 +30,12 @@ from torch.utils.data import Dataset
 
 from helpers.checks import forwards_at_once, work_order
 from helpers.data import make_classification_data
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
     flat_params,
     grads,
-    make_mlp,
     parser,
     setup,
     teardown,

@@ -23,11 +23,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
     log,
-    make_mlp,
     parser,
     setup,
     teardown,
@@ -72,7 +72,7 @@ def batch(step: int, ctx: Context, per_rank: int, width: int) -> tuple[torch.Ten
 
 def train(kind: str, ctx: Context, args, start: dict) -> dict:  # noqa: ANN001 - argparse namespace
     """Train a copy of the model with DDP or FSDP2 and report what each rank holds (chapter 4)."""
-    model = make_mlp((args.width,) * args.depth + (1,)).to(ctx.device)
+    model = make_mlp((args.width,) * args.depth + (1,), seed=0).to(ctx.device)
     model.load_state_dict(start)
     if kind == "ddp":
         net: nn.Module = DDP(
@@ -189,7 +189,7 @@ def make_optimizer(name: str, params, lr: float) -> tuple[torch.optim.Optimizer 
 
 def communication(ctx: Context, args, start: dict, optimizer: str, hook: str) -> dict:  # noqa: ANN001
     """A short DDP run: bytes handed to all-reduce per step, and the optimizer's state bytes (chapter 4)."""
-    model = make_mlp((args.width,) * args.depth + (1,)).to(ctx.device)
+    model = make_mlp((args.width,) * args.depth + (1,), seed=0).to(ctx.device)
     model.load_state_dict(start)
     net = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     counter = {"hook": hook, "bytes": 0}

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.data import make_classification_data
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     exit_now,
     grads,
     log,
-    make_mlp,
     parser,
     setup,
     teardown,

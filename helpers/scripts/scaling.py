@@ -26,11 +26,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
     log,
-    make_mlp,
     parser,
     setup,
     teardown,
@@ -46,7 +46,7 @@ def sync(device: torch.device) -> None:
 
 def build(ctx: Context, mode: str, width: int, depth: int, group: Any) -> tuple[nn.Module, int]:
     """The model to train and how many GPUs/ranks share one step's batch (chapter 4)."""
-    model = make_mlp((width,) * depth + (1,)).to(ctx.device)
+    model = make_mlp((width,) * depth + (1,), seed=0).to(ctx.device)
     if mode == "ddp":
         ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
         return DDP(model, device_ids=ids, process_group=group), 1

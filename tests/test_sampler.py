@@ -1,4 +1,4 @@
-"""helpers.monitor: the background sampler starts, stops cleanly, and says why NVML is missing."""
+"""helpers.sampler: the background sampler starts, stops cleanly, and says why NVML is missing."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ import time
 import matplotlib.pyplot as plt
 import pytest
 
-import helpers.monitor as monitor_module
-from helpers.gpu_monitor import GpuSample, NvmlUnavailable
-from helpers.monitor import (
-    Monitor,
-    MonitorUnavailable,
-    nvml_sampler,
-    plot_samples,
-    process_sampler,
-)
+import helpers.sampler as sampler_module
+from helpers.nvml_snapshot import GpuSample, NvmlUnavailable
+from helpers.sampler import Monitor, MonitorUnavailable, nvml_sampler, plot_samples, process_sampler
 
 
 def counting_sampler():
@@ -140,13 +134,13 @@ def test_sampler_must_be_callable() -> None:
 
 def test_no_nvml_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = NvmlUnavailable("no NVIDIA driver could be loaded (NVMLError_LibraryNotFound)")
-    monkeypatch.setattr(monitor_module, "nvml_snapshot", lambda: reason)
+    monkeypatch.setattr(sampler_module, "nvml_snapshot", lambda: reason)
     with pytest.raises(MonitorUnavailable, match="no NVIDIA driver.*process_sampler"):
         nvml_sampler()
 
 
 def test_nvml_without_gpus_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(monitor_module, "nvml_snapshot", lambda: [])
+    monkeypatch.setattr(sampler_module, "nvml_snapshot", lambda: [])
     with pytest.raises(MonitorUnavailable, match="no GPUs"):
         nvml_sampler()
 
@@ -156,7 +150,7 @@ def test_nvml_sampler_reads_every_gpu_and_releases_nvml(monkeypatch: pytest.Monk
         GpuSample(0, "Fake H100", 87, 40 * 2**30, 80 * 2**30, 60, 500.0),
         GpuSample(1, "Fake H100", None, None, 80 * 2**30, None, None),
     ]
-    monkeypatch.setattr(monitor_module, "nvml_snapshot", lambda: gpus)
+    monkeypatch.setattr(sampler_module, "nvml_snapshot", lambda: gpus)
     state = {"init": 0, "shutdown": 0}
 
     class FakePynvml:

@@ -1,20 +1,8 @@
-"""A background thread that samples the GPUs (or the process) while your code runs (chapter 6).
-
-The sources' NVML monitor, done right:
-
-- it uses ``nvidia-ml-py`` (module ``pynvml``, through :mod:`helpers.gpu_monitor`), not the
-  old ``nvidia-ml-py3`` fork, and keeps NVML initialised once for the whole run;
-- it samples in a daemon thread that stops cleanly: ``stop()`` sets an event, joins the thread
-  and takes a last sample; calling it twice is safe, and a ``with`` block stops it even when
-  the block raises, so no thread is left behind;
-- without an NVIDIA driver, :func:`nvml_sampler` raises :class:`MonitorUnavailable` whose
-  message says why and what to use instead (:func:`process_sampler`, the CPU side).
-"""
+"""A background thread that samples the GPUs (or this process) while your code runs (chapter 6)."""
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,10 +11,8 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from helpers.gpu_monitor import NvmlUnavailable, nvml_snapshot
-
-#: A sampler returns one reading: {"quantity (unit)": value}.
-Sampler = Callable[[], dict[str, float]]
+from helpers.nvml_snapshot import NvmlUnavailable, nvml_snapshot
+from helpers.units import GiB
 
 
 class MonitorUnavailable(RuntimeError):
@@ -59,11 +45,9 @@ class NvmlSampler:
             )
         import pynvml
 
-        # NVML counts nvmlInit calls: holding one open makes each snapshot's own
-        # init/shutdown pair cheap, instead of loading the driver 10 times a second.
+        # NVML counts nvmlInit calls: one held open makes each snapshot's init/shutdown cheap.
         pynvml.nvmlInit()
         self._pynvml: object | None = pynvml
-        self.gpus = [s.index for s in first]
 
     def __call__(self) -> dict[str, float]:
         snapshot = nvml_snapshot()
@@ -74,21 +58,14 @@ class NvmlSampler:
             if s.utilization_pct is not None:
                 values[f"GPU {s.index} utilisation (%)"] = float(s.utilization_pct)
             if s.memory_used is not None:
-                values[f"GPU {s.index} memory used (GiB)"] = s.memory_used / 2**30
+                values[f"GPU {s.index} memory used (GiB)"] = s.memory_used / GiB
         return values
 
     def close(self) -> None:
         """Release the NVML reference taken in __init__; safe to call twice (chapter 6)."""
         if self._pynvml is not None:
-            try:
-                self._pynvml.nvmlShutdown()  # type: ignore[attr-defined]
-            finally:
-                self._pynvml = None
-
-
-def nvml_sampler() -> NvmlSampler:
-    """A sampler of GPU utilisation and memory; raises MonitorUnavailable with the reason (chapter 6)."""
-    return NvmlSampler()
+            pynvml, self._pynvml = self._pynvml, None
+            pynvml.nvmlShutdown()  # type: ignore[attr-defined]
 
 
 class ProcessSampler:
@@ -99,26 +76,26 @@ class ProcessSampler:
     def __init__(self) -> None:
         import psutil
 
-        self._process = psutil.Process(os.getpid())
+        self._process = psutil.Process()  # this process
         self._process.cpu_percent(interval=None)  # the first call only starts the clock
 
     def __call__(self) -> dict[str, float]:
         return {
             "process CPU (%)": float(self._process.cpu_percent(interval=None)),
-            "process RSS (GiB)": self._process.memory_info().rss / 2**30,
+            "process RSS (GiB)": self._process.memory_info().rss / GiB,
         }
 
 
-def process_sampler() -> ProcessSampler:
-    """A sampler of this process's CPU use and RSS: the CPU-side stand-in for NVML (chapter 6)."""
-    return ProcessSampler()
+#: The names the notebook calls; nvml_sampler() raises MonitorUnavailable saying why it cannot.
+nvml_sampler = NvmlSampler
+process_sampler = ProcessSampler
 
 
 @dataclass
 class Monitor:
     """Call `sampler` every `interval` seconds in a background thread between start() and stop() (chapter 6)."""
 
-    sampler: Sampler
+    sampler: Callable[[], dict[str, float]]  # one reading: {"quantity (unit)": value}
     interval: float = 0.1
     samples: list[Sample] = field(default_factory=list, init=False)
     error: BaseException | None = field(default=None, init=False)
@@ -128,12 +105,10 @@ class Monitor:
             raise TypeError(
                 f"Monitor needs a sampler function returning a dict, got {type(self.sampler).__name__}."
             )
-        interval = self.interval
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
-        if not math.isfinite(interval) or interval <= 0:
+        number = isinstance(self.interval, (int, float)) and not isinstance(self.interval, bool)
+        if not number or not 0 < self.interval < math.inf:
             raise ValueError(
-                f"interval must be a number of seconds > 0, got {interval!r}; 0.1 s suits most runs."
+                f"interval must be a number of seconds > 0, got {self.interval!r}; 0.1 s suits most runs."
             )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -221,22 +196,16 @@ class Monitor:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
-        if exc_info[0] is not None:
-            try:
-                self.stop()
-            except MonitorUnavailable:
-                pass  # the block's own exception matters more
-            return
-        self.stop()
+        try:
+            self.stop()
+        except MonitorUnavailable:
+            if exc_info[0] is None:
+                raise  # otherwise the block's own exception matters more
 
     def series(self) -> dict[str, list[float]]:
         """Every quantity sampled, as a list in time order (missing readings left out) (chapter 6)."""
         names = list(dict.fromkeys(k for s in self.samples for k in s.values))
         return {n: [s.values[n] for s in self.samples if n in s.values] for n in names}
-
-    def times(self, name: str) -> list[float]:
-        """The sample times of one quantity (chapter 6)."""
-        return [s.t for s in self.samples if name in s.values]
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per quantity: mean, max and number of samples; safe for a zero-length run (chapter 6)."""
@@ -255,7 +224,7 @@ def plot_samples(monitor: Monitor, title: str = "") -> Figure:
     fig, axes = plt.subplots(len(series), 1, figsize=(6.4, 1.9 * len(series) + 0.6), sharex=True)
     axes = [axes] if len(series) == 1 else list(axes)
     for ax, (name, values) in zip(axes, series.items()):
-        ax.plot(monitor.times(name), values, marker=".", lw=1)
+        ax.plot([s.t for s in monitor.samples if name in s.values], values, marker=".", lw=1)
         ax.set_ylabel(name, fontsize=8)
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.grid(True, alpha=0.3)

@@ -1,8 +1,4 @@
-"""NVML snapshots of every NVIDIA GPU through nvidia-ml-py (chapter 1).
-
-Where NVML cannot be used (no NVIDIA driver, a Mac, a CPU-only box, an AMD GPU) the functions
-here return an :class:`NvmlUnavailable` that says why. They never raise.
-"""
+"""One NVML snapshot of every NVIDIA GPU through nvidia-ml-py; never raises (chapter 1)."""
 
 from __future__ import annotations
 
@@ -64,6 +60,7 @@ def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:
             name = pynvml.nvmlDeviceGetName(h)
             mem = _try(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h))
             util = _try(lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h))
+            temp = _try(lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
             power_mw = _try(lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h))
             samples.append(
                 GpuSample(
@@ -72,11 +69,7 @@ def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:
                     utilization_pct=None if util is None else int(util.gpu),
                     memory_used=None if mem is None else int(mem.used),
                     memory_total=None if mem is None else int(mem.total),
-                    temperature_c=_try(
-                        lambda h=h: int(
-                            pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
-                        )
-                    ),
+                    temperature_c=None if temp is None else int(temp),
                     power_w=None if power_mw is None else power_mw / 1000.0,
                 )
             )

@@ -1,4 +1,4 @@
-"""helpers.gpu_monitor never raises: it returns samples or says why NVML is unavailable."""
+"""helpers.nvml_snapshot never raises: it returns samples or says why NVML is unavailable."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers.gpu_monitor import GpuSample, NvmlUnavailable, format_snapshot, nvml_snapshot
+from helpers.nvml_snapshot import GpuSample, NvmlUnavailable, format_snapshot, nvml_snapshot
 
 
 def test_snapshot_here_is_samples_or_a_reason() -> None:

@@ -1,0 +1,288 @@
+"""The fp32-vs-TF32-vs-AMP training-step sweep: measured, plotted, and its widget (chapter 3)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from helpers.activations import ActivationMeter
+from helpers.amp_choice import amp_for_device, check_autocast
+from helpers.devices import resolve_device
+from helpers.dtypes import dtype_name
+from helpers.formats import PrecisionError, is_tf32, parse_precision
+from helpers.matmul import check_tf32, tf32_available, tf32_matmuls
+from helpers.memory import track_peak
+from helpers.models import make_mlp, wide_mlp_sizes
+from helpers.sweeps import SweepResult, run_sweep
+from helpers.tables import format_table
+from helpers.timing import benchmark
+from helpers.units import Printed
+from helpers.validate import positive_int
+
+
+def default_width(device: str | torch.device) -> int:
+    """A matmul-bound but quick MLP width: 512 on CPU, 4096 on a GPU (chapter 3)."""
+    return 512 if torch.device(device).type == "cpu" else 4096
+
+
+def default_batch_sizes(device: str | torch.device) -> tuple[int, ...]:
+    """Batch sizes for the default sweep: small on CPU, larger on a GPU (chapter 3)."""
+    return (16, 128, 1024) if torch.device(device).type == "cpu" else (256, 1024, 4096)
+
+
+def memory_meter(device: str | torch.device) -> str:
+    """What measure_amp_step's 'peak MiB' column means on this kind of device (chapter 3)."""
+    kind = torch.device(device).type
+    what = (
+        "peak during one step over the memory held before it (parameters, optimizer state, batch)"
+    )
+    if kind == "cuda":
+        return f"{what}: torch.cuda.max_memory_allocated, exact"
+    if kind == "mps":
+        return f"{what}: MPS allocated memory sampled every ms, approximate"
+    if kind == "cpu":
+        return f"{what}: every CPU allocation and free recorded by torch.profiler, exact"
+    return f"not measured on {kind}: no peak meter for this device kind here"
+
+
+def step_peak_bytes(fn: Callable[[], object], device: str | torch.device) -> float:
+    """Peak bytes allocated on `device` while fn() runs, over what was allocated before; memory_meter says how (chapter 3)."""
+    device = resolve_device(device)
+    if device.type in ("cuda", "mps"):
+        with track_peak(device) as peak:
+            fn()
+        return float(peak.increase)
+    if device.type != "cpu":
+        fn()
+        return math.nan
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # The memory events themselves: the public events() list folds them into the ops.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    current = peak_bytes = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            current += e.nbytes()  # > 0 for an allocation, < 0 for a free
+            peak_bytes = max(peak_bytes, current)
+    return float(peak_bytes)
+
+
+class _Step:
+    """A model, a batch, Adam and a GradScaler (on for fp16): one training step at one precision (chapter 3)."""
+
+    def __init__(
+        self, sizes: Sequence[int], batch_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.model = make_mlp(sizes).to(device)
+        self.x = torch.randn(batch_size, sizes[0], device=device)
+        self.y = torch.randn(batch_size, sizes[-1], device=device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        self.dtype, self.device = dtype, device
+
+    def forward(self) -> torch.Tensor:
+        """The loss under autocast (AMP off for fp32) (chapter 3)."""
+        amp = self.dtype != torch.float32
+        with torch.autocast(self.device.type, dtype=self.dtype if amp else None, enabled=amp):
+            return nn.functional.mse_loss(self.model(self.x).float(), self.y)
+
+    def __call__(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(self.forward()).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+
+    def memory(self) -> tuple[float, int]:
+        """(peak bytes of one step over what is held between steps, bytes saved for backward) (chapter 3)."""
+        with ActivationMeter(self.model) as meter:
+            loss = self.forward()
+        saved = meter.total_bytes
+        del loss
+        # Drop the last step's gradients: "held before" is what a loop holds between steps.
+        self.opt.zero_grad(set_to_none=True)
+        return step_peak_bytes(self, self.device), saved
+
+
+def measure_amp_step(
+    sizes: Sequence[int],
+    batch_size: int,
+    precision: str | torch.dtype = "fp32",
+    device: str | torch.device | None = None,
+    min_run_time: float = 0.2,
+) -> dict[str, Any]:
+    """Time one Adam training step of make_mlp(sizes) at a precision; throughput and memory (chapter 3)."""
+    device = resolve_device(device)
+    tf32 = is_tf32(precision)
+    dtype = check_tf32(device) if tf32 else check_autocast(device, precision)
+    batch_size = positive_int(batch_size, "batch_size")
+    torch.manual_seed(0)
+    step = _Step(sizes, batch_size, dtype, device)
+    with tf32_matmuls(tf32):  # "fp32" is true fp32 here, whatever the global setting
+        timing = benchmark(step, device=device, warmup=2, min_run_time=min_run_time)
+        peak, saved = step.memory()
+    return {
+        "ms/step": timing.median * 1e3,
+        "spread %": 100 * timing.spread,
+        "samples/s": timing.rate(batch_size),
+        "peak MiB": peak / 2**20,
+        "saved MiB": saved / 2**20,
+    }
+
+
+@dataclass
+class AmpSweep(Printed):
+    """fp32-vs-AMP sweep results: one SweepResult per precision, plus what was skipped (chapter 3)."""
+
+    device: str
+    sizes: tuple[int, ...]
+    meter: str
+    results: dict[str, SweepResult] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """All rows, with the speed-up over fp32 at the same batch size where fp32 ran (chapter 3)."""
+        fp32 = self.results["fp32"].rows if "fp32" in self.results else []
+        base = {r["batch size"]: r["samples/s"] for r in fp32}
+        rows = []
+        for precision, result in self.results.items():
+            for r in result.rows:
+                ref = base.get(r["batch size"])
+                speedup = f"{r['samples/s'] / ref:.2f}x" if ref else "n/a"
+                rows.append({"precision": precision, **r, "vs fp32": speedup})
+        return rows
+
+    def speedup(self, precision: str, batch_size: int) -> float:
+        """samples/s of `precision` divided by fp32's at one batch size (chapter 3)."""
+
+        def rate(p: str) -> float:
+            if p not in self.results:
+                raise KeyError(f"{p} was not measured; measured: {', '.join(self.results)}.")
+            for r in self.results[p].rows:
+                if r["batch size"] == batch_size:
+                    return r["samples/s"]
+            raise KeyError(f"batch size {batch_size} was not measured for {p}.")
+
+        return rate(precision) / rate("fp32")
+
+    def __str__(self) -> str:
+        lines = [f"{self.device}, MLP {'-'.join(map(str, self.sizes))}", format_table(self.rows())]
+        lines += [
+            f"(stopped early for {p}: {r.stopped})" for p, r in self.results.items() if r.stopped
+        ]
+        lines += [f"skipped {p}: {why}" for p, why in self.skipped.items()]
+        lines.append(f"peak MiB = {self.meter}")
+        lines.append(
+            "saved MiB = bytes autograd saved for backward in one forward (activations and 16-bit "
+            "weight copies); exact, the same meter on every device"
+        )
+        return "\n".join(lines)
+
+
+def run_amp_sweep(
+    device: str | torch.device | None = None,
+    precisions: Sequence[str] = ("fp32", "bf16"),
+    batch_sizes: Sequence[int] | None = None,
+    width: int | None = None,
+    sizes: Sequence[int] | None = None,
+    min_run_time: float = 0.2,
+    allow_slow: bool = False,
+) -> AmpSweep:
+    """Measure a training step per precision x batch size; skip (and say why) what cannot run usefully (chapter 3)."""
+    device = resolve_device(device)
+    precisions = ["tf32" if is_tf32(p) else dtype_name(parse_precision(p)) for p in precisions]
+    if not precisions:
+        raise ValueError("Pick at least one precision: 'fp32', 'tf32', 'bf16' or 'fp16'.")
+    batch_sizes = [
+        positive_int(b, "batch size")
+        for b in (default_batch_sizes(device) if batch_sizes is None else batch_sizes)
+    ]
+    if not batch_sizes:
+        raise ValueError("Pick at least one batch size.")
+    sizes = tuple(sizes) if sizes else wide_mlp_sizes(width or default_width(device))
+    sweep = AmpSweep(device=str(device), sizes=sizes, meter=memory_meter(device))
+    for precision in dict.fromkeys(precisions):
+        try:
+            if precision == "tf32":
+                check_tf32(device)
+            else:
+                amp_for_device(device, prefer=precision, allow_slow=allow_slow)
+        except PrecisionError as exc:
+            sweep.skipped[precision] = str(exc)
+            continue
+        sweep.results[precision] = run_sweep(
+            lambda b, p=precision: measure_amp_step(sizes, b, p, device, min_run_time),
+            batch_sizes,
+            param="batch size",
+            progress=False,
+        )
+    return sweep
+
+
+def plot_amp_sweep(sweep: AmpSweep) -> Figure:
+    """Throughput and memory against batch size, one line per precision (chapter 3)."""
+    fig, (ax_rate, ax_mem) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for precision, result in sweep.results.items():
+        if not result.rows:
+            continue
+        x = result.column("batch size")
+        ax_rate.plot(x, result.column("samples/s"), marker="o", label=precision)
+        (line,) = ax_mem.plot(x, result.column("peak MiB"), marker="o", label=f"{precision} peak")
+        saved = f"{precision} saved for backward"
+        ax_mem.plot(x, result.column("saved MiB"), "x--", color=line.get_color(), label=saved)
+    for ax, ylabel in ((ax_rate, "samples / s (higher is better)"), (ax_mem, "MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="batch size", ylabel=ylabel)
+        ax.grid(True, alpha=0.3)
+        if sweep.results:
+            ax.legend()
+    ax_rate.set_title(f"training step, MLP {'-'.join(map(str, sweep.sizes))}", fontsize=10)
+    how = sweep.meter.rsplit(": ", 1)[-1]
+    ax_mem.set_title(f"memory per step: peak ({how}) and saved for backward", fontsize=9)
+    if sweep.skipped:
+        fig.suptitle(
+            "skipped: " + ", ".join(sweep.skipped) + " (see the printed reason)", fontsize=9
+        )
+    fig.tight_layout()
+    return fig
+
+
+def amp_controls(
+    device: str | torch.device,
+    precisions: Sequence[str] = ("fp32", "bf16"),
+    allow_slow: bool = False,
+) -> dict[str, Any]:
+    """ipywidgets controls for run_amp_sweep: precisions, batch sizes, width, slow ones (chapter 3)."""
+    import ipywidgets as widgets
+
+    device = torch.device(device)
+    chosen = tuple("tf32" if is_tf32(p) else dtype_name(parse_precision(p)) for p in precisions)
+    options = [p for p in ("fp32", "tf32", "bf16", "fp16") if p != "tf32" or tf32_available(device)]
+    return {
+        "precisions": widgets.SelectMultiple(
+            options=options, value=chosen, description="precisions", rows=len(options)
+        ),
+        "batch_sizes": widgets.SelectMultiple(
+            options=[2**k for k in range(3, 14)],
+            value=default_batch_sizes(device),
+            description="batch sizes",
+            rows=6,
+        ),
+        "width": widgets.Dropdown(
+            options=[2**k for k in range(8, 14)],
+            value=default_width(device),
+            description="MLP width",
+        ),
+        "allow_slow": widgets.Checkbox(
+            value=allow_slow,
+            description="run slow/emulated ones too",
+            style={"description_width": "initial"},
+        ),
+    }

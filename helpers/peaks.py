@@ -1,0 +1,168 @@
+"""Datasheet peak FLOP/s of known GPUs, per precision (chapter 1)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from helpers.dtypes import TF32_NAMES, dtype_name, parse_dtype
+
+#: The precisions the peak table knows: three dtypes, and tf32 (fp32 matmuls on tensor cores).
+PEAK_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+
+#: What describe_device prints where no datasheet peak is known.
+UNKNOWN_PEAK = "unknown: measure the achievable rate (chapter 1)"
+
+
+@dataclass(frozen=True)
+class PeakRow:
+    """One GPU model: the name pattern it matches, its dense peaks in TFLOP/s, their source (chapter 1)."""
+
+    pattern: str
+    tflops: dict[str, float]
+    source: str
+
+
+def _row(pattern: str, tflops: tuple[float | None, ...], source: str) -> PeakRow:
+    """A PeakRow from (fp32, tf32, bf16, fp16) TFLOP/s; None marks no fast path (chapter 1)."""
+    peaks = {p: v for p, v in zip(PEAK_PRECISIONS, tflops, strict=True) if v is not None}
+    return PeakRow(pattern, peaks, source)
+
+
+# Dense (no 2:4 sparsity) peaks in TFLOP/s from each vendor's datasheet or whitepaper; where a
+# datasheet gives only "with sparsity" tensor figures, they are halved. "fp32" is the plain
+# (non-tensor) rate; "tf32" / "bf16" / "fp16" are tensor-core matmuls. For GeForce cards the
+# fp16/bf16 figures are the "with FP32 accumulate" ones (what torch's matmuls use; NVIDIA's
+# headline "FP16 accumulate" figures are twice these); data-center and pro cards run both at
+# full rate. A GPU whose name matches no row gets None (never a neighbour's figures), and a
+# precision left out of a row (T4 bf16, tf32 before Ampere) gets None: it has no fast path.
+# Names are matched as torch.cuda.get_device_name() prints them, whitespace collapsed; every
+# pattern is written to match its own model only (tests/test_fake_gpu_peaks.py checks that
+# no real name matches two rows).
+_PEAK_TABLE: tuple[PeakRow, ...] = (
+    # NVIDIA Blackwell
+    _row(r"\bB200\b", (75.0, 1100.0, 2250.0, 2250.0), "NVIDIA HGX B200 datasheet, per GPU"),
+    _row(r"\bGB200\b", (80.0, 1250.0, 2500.0, 2500.0), "NVIDIA GB200 NVL72 datasheet, per GPU"),
+    _row(
+        r"GeForce RTX 5090$",
+        (104.8, 104.8, 209.5, 209.5),
+        "NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 (FP32 accumulate)",
+    ),
+    # NVIDIA Hopper
+    _row(
+        r"\bH100\b(?!.*\b(PCIe|NVL)\b)", (67.0, 494.0, 989.0, 989.0), "NVIDIA H100 datasheet, SXM"
+    ),
+    _row(r"\bH100\b.*\bPCIe\b", (51.0, 378.0, 756.0, 756.0), "NVIDIA H100 datasheet, PCIe"),
+    _row(r"\bH100 NVL\b", (60.0, 418.0, 835.0, 835.0), "NVIDIA H100 NVL datasheet"),
+    _row(r"\bH200\b(?!.*\bNVL\b)", (67.0, 494.0, 989.0, 989.0), "NVIDIA H200 datasheet, SXM"),
+    _row(r"\bH200 NVL\b", (60.0, 418.0, 835.0, 835.0), "NVIDIA H200 datasheet, NVL"),
+    _row(r"\bGH200\b", (67.0, 494.0, 989.0, 989.0), "NVIDIA GH200 Grace Hopper datasheet"),
+    _row(
+        r"\bH800\b(?!.*\bPCIe\b)",
+        (67.0, 494.0, 989.0, 989.0),
+        "NVIDIA H800 datasheet, SXM (H100 SXM's tensor and fp32 rates; fp64 and NVLink cut)",
+    ),
+    _row(r"\bH800\b.*\bPCIe\b", (51.0, 378.0, 756.0, 756.0), "NVIDIA H800 datasheet, PCIe"),
+    _row(r"\bH20\b", (44.0, 74.0, 148.0, 148.0), "NVIDIA H20 product brief (dense figures)"),
+    # NVIDIA Ampere
+    _row(r"\bA100\b", (19.5, 156.0, 312.0, 312.0), "NVIDIA A100 datasheet (SXM4 and PCIe)"),
+    _row(
+        r"\bA800\b",
+        (19.5, 156.0, 312.0, 312.0),
+        "NVIDIA A800 datasheet (A100's compute; NVLink cut to 400 GB/s)",
+    ),
+    _row(r"\bA30\b", (10.3, 82.0, 165.0, 165.0), "NVIDIA A30 datasheet"),
+    # "NVIDIA A10G" (AWS) has no NVIDIA datasheet and other tensor rates than the A10: no row.
+    _row(r"\bA10\b", (31.2, 62.5, 125.0, 125.0), "NVIDIA A10 datasheet"),
+    _row(r"\bA40\b", (37.4, 74.8, 149.7, 149.7), "NVIDIA A40 datasheet"),
+    _row(
+        r"\bRTX A6000\b",
+        (38.7, 77.4, 154.8, 154.8),
+        "NVIDIA Ampere GA102 whitepaper, RTX A6000 (the datasheet's 309.7 is with sparsity)",
+    ),
+    _row(
+        r"GeForce RTX 3090$",
+        (35.6, 35.6, 71.0, 71.0),
+        "NVIDIA Ampere GA102 whitepaper, RTX 3090 (FP32 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 3090 Ti$",
+        (40.0, 40.0, 80.0, 80.0),
+        "NVIDIA RTX 3090 Ti specifications: 40 shader TFLOPS, 320 tensor TFLOPS (FP16 "
+        "accumulate, sparse) = 80 dense with FP32 accumulate",
+    ),
+    _row(
+        r"GeForce RTX 3080$",
+        (29.8, 29.8, 59.5, 59.5),
+        "NVIDIA Ampere GA102 whitepaper, RTX 3080 10 GB (FP32 accumulate; the 12 GB model, "
+        "same name, has 70 SMs instead of 68: 3% more)",
+    ),
+    # NVIDIA Ada Lovelace
+    _row(r"\bL40S\b", (91.6, 183.0, 362.0, 362.0), "NVIDIA L40S datasheet"),
+    _row(r"\bL40\b", (90.5, 90.5, 181.0, 181.0), "NVIDIA L40 datasheet"),
+    _row(r"\bL4\b", (30.3, 60.0, 121.0, 121.0), "NVIDIA L4 datasheet"),
+    _row(
+        r"\bRTX 6000 Ada\b",
+        (91.1, 182.1, 364.2, 364.2),
+        "NVIDIA Ada Lovelace whitepaper, RTX 6000 Ada",
+    ),
+    _row(
+        r"GeForce RTX 4090$",
+        (82.6, 82.6, 165.2, 165.2),
+        "NVIDIA Ada Lovelace whitepaper, RTX 4090 (FP32 accumulate; 330.3 with FP16 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 4090 D$",
+        (73.5, 73.5, 147.1, 147.1),
+        "NVIDIA RTX 4090 D specifications: 114 of the 4090's 128 SMs at the same clock "
+        "(73 shader TFLOPS, 1177 vs 1321 AI TOPS), so the 4090's figures x 114/128",
+    ),
+    _row(
+        r"GeForce RTX 4080$",
+        (48.7, 48.7, 97.5, 97.5),
+        "NVIDIA Ada Lovelace whitepaper, RTX 4080 16 GB (FP32 accumulate)",
+    ),
+    _row(
+        r"GeForce RTX 4070$",
+        (29.1, 29.1, 58.3, 58.3),
+        "NVIDIA RTX 4070 specifications: 29 shader TFLOPS, 466 AI TOPS (FP8, sparse) = 58.3 "
+        "fp16 dense with FP32 accumulate (46 SMs x 512 FLOP/clock x 2.475 GHz)",
+    ),
+    # NVIDIA Turing and Volta: no bf16, no tf32
+    _row(r"\bT4\b", (8.1, None, None, 65.0), "NVIDIA T4 datasheet"),
+    _row(r"\bV100-SXM2\b", (15.7, None, None, 125.0), "NVIDIA V100 datasheet, SXM2"),
+    _row(r"\bV100-PCIE\b", (14.0, None, None, 112.0), "NVIDIA V100 datasheet, PCIe"),
+    _row(r"\bV100S-PCIE\b", (16.4, None, None, 130.0), "NVIDIA V100S datasheet"),
+    # AMD Instinct, under ROCm (torch.cuda)
+    _row(
+        r"\bMI300X\b",
+        (163.4, 653.7, 1307.4, 1307.4),
+        "AMD Instinct MI300X datasheet (dense; one torch device in the default SPX mode)",
+    ),
+    _row(
+        r"\bMI250X\b",
+        (47.9, None, 191.5, 191.5),
+        "AMD Instinct MI250X datasheet, halved: torch sees each of its two GCDs as one device "
+        "(fp32 is the matrix rate, 95.7 per module)",
+    ),
+)
+
+
+def peak_row(device_name: str) -> PeakRow | None:
+    """The peak-table row of a GPU name as torch prints it, or None if the table does not know it (chapter 1)."""
+    name = " ".join(str(device_name).split())
+    return next((r for r in _PEAK_TABLE if re.search(r.pattern, name, re.IGNORECASE)), None)
+
+
+def peak_flops(
+    device_name: str, dtype: str | torch.dtype = torch.float32, tf32: bool = False
+) -> float | None:
+    """Datasheet dense peak FLOP/s of a known GPU for a dtype or 'tf32'; None if unknown or not fast (chapter 1)."""
+    if isinstance(dtype, str) and dtype.strip().lower() in TF32_NAMES:
+        dtype, tf32 = torch.float32, True
+    key = dtype_name(parse_dtype(dtype))
+    key = "tf32" if key == "fp32" and tf32 else key
+    row = peak_row(device_name)
+    return None if row is None or key not in row.tflops else row.tflops[key] * 1e12

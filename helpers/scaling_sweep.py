@@ -1,0 +1,133 @@
+"""The scaling experiment: throughput against the number of processes, in one launch (chapter 4)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from helpers.launch import as_flags, check_backend, check_nproc, launch, new_run_dir, read_results
+from helpers.sweeps import SweepResult
+from helpers.validate import positive_int
+
+
+@dataclass
+class ScalingResult(SweepResult):
+    """A scaling sweep's rows, and the one launch that measured them all (chapter 4)."""
+
+    startup_s: float = float("nan")
+    launch_s: float = float("nan")
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}\none launch of {max(self.column('processes'), default=0)} "
+            f"rank(s): {self.startup_s:.1f} s of start-up in {self.launch_s:.1f} s"
+        )
+
+
+def scaling_point(
+    nproc: int,
+    *,
+    backend: str | None = None,
+    per_rank_batch: int = 256,
+    width: int = 256,
+    steps: int = 20,
+    threads: int = 1,
+    mode: str = "ddp",
+    timeout: float = 120.0,
+) -> dict[str, Any]:
+    """One launch of scaling.py: step time and throughput at `nproc` ranks, `threads` each (chapter 4)."""
+    size = {"per_rank_batch": per_rank_batch, "width": width, "steps": steps, "threads": threads}
+    result = measure_scaling([nproc], backend=backend, timeout=timeout, mode=mode, **size)
+    return {**result.rows[0], "start-up s": result.startup_s}
+
+
+def measure_scaling(
+    nprocs: Sequence[int] = (1, 2),
+    *,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    **size: Any,
+) -> ScalingResult:
+    """Every process count in `nprocs` in one launch, plus speed-up and scaling efficiency (chapter 4)."""
+    nprocs = list(nprocs)
+    if not nprocs or not all(isinstance(n, int) and not isinstance(n, bool) for n in nprocs):
+        raise ValueError(f"nprocs must be whole numbers of processes, e.g. (1, 2), got {nprocs!r}.")
+    backend = check_backend(backend, max(nprocs))  # one backend for the whole sweep
+    nprocs = [check_nproc(n, backend) for n in nprocs]
+    threads, timeout = size.pop("threads", 1), timeout * len(nprocs)
+    out = new_run_dir("scaling")
+    args = ["--out", out, "--sizes", ",".join(str(k) for k in nprocs)]
+    args += [*as_flags({"mode": "ddp", **size}), "--pg-timeout", timeout]  # left-out ranks' wait
+    res = launch("scaling", max(nprocs), args, backend=backend, threads=threads, timeout=timeout)
+    rows = [
+        {
+            "processes": run["world_size"],
+            "mode": run["mode"],
+            "backend": backend,
+            "threads/rank": run["threads"],
+            "global batch": run["global_batch"],
+            "step ms": run["step_median_s"] * 1e3,
+            "step IQR ms": run["step_iqr_s"] * 1e3,
+            "samples/s": run["samples_per_s"],
+        }
+        for run in read_results(out)[0]["runs"]
+    ]
+    shutil.rmtree(out, ignore_errors=True)
+    base_n, base = rows[0]["processes"], rows[0]["samples/s"]
+    for row in rows:
+        row["speed-up"] = row["samples/s"] / base
+        row["efficiency"] = row["speed-up"] * base_n / row["processes"]
+    startup = res.seconds_until() or float("nan")
+    return ScalingResult("processes", rows, startup_s=startup, launch_s=res.seconds)
+
+
+def plot_scaling(result: SweepResult) -> Figure:
+    """Throughput (with the ideal line) and scaling efficiency against processes (chapter 4)."""
+    n = result.column("processes")
+    thr = result.column("samples/s")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    a.plot(n, thr, marker="o", label="measured")
+    a.plot(n, [thr[0] * k / n[0] for k in n], ls="--", color="gray", label="ideal (linear)")
+    a.set(xlabel="processes (ranks)", ylabel="samples/s", title="Throughput")
+    a.legend()
+    b.plot(n, [100 * e for e in result.column("efficiency")], marker="o", color="C1")
+    b.axhline(100, ls="--", color="gray")
+    b.set(xlabel="processes (ranks)", ylabel="% of ideal", title="Scaling efficiency")
+    b.set_ylim(bottom=0)
+    for ax in (a, b):
+        ax.set_xticks(n)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def scaling_controls(max_nproc: int) -> dict[str, Any]:
+    """ipywidgets controls for the scaling sweep: up to `max_nproc` processes, batch per rank, width, steps (chapter 4)."""
+    top = positive_int(max_nproc, "max_nproc")
+    return {
+        "max_processes": widgets.IntSlider(value=top, min=1, max=top, description="processes ≤"),
+        "per_rank_batch": widgets.Dropdown(
+            options=[32, 128, 256, 1024], value=256, description="batch/rank"
+        ),
+        "width": widgets.Dropdown(options=[64, 256, 1024], value=256, description="width"),
+        "steps": widgets.IntSlider(value=20, min=5, max=100, step=5, description="steps"),
+    }
+
+
+def run_scaling(
+    max_processes: int = 2,
+    per_rank_batch: int = 256,
+    width: int = 256,
+    steps: int = 20,
+    backend: str | None = None,
+) -> SweepResult:
+    """The widget's run function: measure_scaling over 1..max_processes ranks (chapter 4)."""
+    top = positive_int(max_processes, "max_processes")
+    size = {"per_rank_batch": per_rank_batch, "width": width, "steps": steps}
+    return measure_scaling(range(1, top + 1), backend=backend, **size)

@@ -1,0 +1,239 @@
+"""helpers.amp_sweep: the fp32-vs-TF32-vs-AMP training-step sweep, its meters, plot and widget."""
+
+from __future__ import annotations
+
+import time
+
+import ipywidgets as widgets
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from helpers import amp_sweep  # noqa: E402
+from helpers.amp_choice import local_cpu_flags  # noqa: E402
+from helpers.amp_sweep import (  # noqa: E402
+    AmpSweep,
+    _Step,
+    amp_controls,
+    default_batch_sizes,
+    default_width,
+    measure_amp_step,
+    memory_meter,
+    plot_amp_sweep,
+    run_amp_sweep,
+    step_peak_bytes,
+)
+from helpers.formats import PrecisionError  # noqa: E402
+from helpers.widgets import interactive_plot  # noqa: E402
+
+CPU_HAS_FP16 = "amx_fp16" in local_cpu_flags()
+
+
+def test_default_sizes_are_small_on_a_cpu() -> None:
+    assert default_width("cpu") < default_width("cuda")
+    assert max(default_batch_sizes("cpu")) < max(default_batch_sizes("cuda"))
+
+
+def test_saved_bytes_are_exact_in_fp32_and_bf16() -> None:
+    """The 'saved MiB' meter (ActivationMeter) on an 8-4-2 MLP, batch 16: parameters left out."""
+    cpu = torch.device("cpu")
+    _, fp32 = _Step((8, 4, 2), 16, torch.float32, cpu).memory()
+    # x, the ReLU output (also the second Linear's input), the MSE loss's input and target
+    assert fp32 == 16 * 8 * 4 + 16 * 4 * 4 + 16 * 2 * 4 + 16 * 2 * 4
+    _, bf16 = _Step((8, 4, 2), 16, torch.bfloat16, cpu).memory()
+    # x and the ReLU output in bf16, the bf16 copy of the second weight, the loss's fp32 input and target
+    assert bf16 == 16 * 8 * 2 + 16 * 4 * 2 + 2 * 4 * 2 + 16 * 2 * 4 + 16 * 2 * 4
+
+
+def test_memory_meter_says_what_it_measures() -> None:
+    for kind in ("cuda", "mps", "cpu"):
+        assert "peak during one step over the memory held before it" in memory_meter(kind)
+    assert "max_memory_allocated, exact" in memory_meter("cuda")
+    assert "sampled" in memory_meter("mps") and "approximate" in memory_meter("mps")
+    assert "torch.profiler, exact" in memory_meter("cpu")
+    assert "not measured on xpu" in memory_meter("xpu")
+
+
+def test_step_peak_bytes_on_cpu_is_exact() -> None:
+    held = torch.ones(2**20)  # 4 MiB allocated before: not part of the peak
+
+    def step() -> torch.Tensor:
+        a = torch.ones(2**18)  # 1 MiB
+        b = a * 2  # 1 MiB more: the peak is 2 MiB
+        del a
+        return (b + held[: 2**18]).sum()
+
+    peak = step_peak_bytes(step, "cpu")
+    assert 2 * 2**20 <= peak < 2 * 2**20 + 4096
+
+
+def test_step_peak_bytes_on_cuda_reads_the_allocator(fake_gpu) -> None:  # noqa: ANN001
+    gpu = fake_gpu("h100_sxm")
+    gpu.allocate(1000)  # held before the step
+
+    def step() -> None:
+        gpu.allocate(300)
+        gpu.free(300)
+        gpu.allocate(10)
+
+    assert step_peak_bytes(step, "cuda") == 300
+    assert gpu.allocated == 1010 and gpu.synchronize_calls >= 2
+
+
+def test_step_peak_bytes_on_mps_samples(fake_gpu) -> None:  # noqa: ANN001
+    gpu = fake_gpu("mps")
+    gpu.allocate(1000)
+
+    def step() -> None:
+        gpu.allocate(500)
+        time.sleep(0.05)  # long enough for the 1 ms sampler
+        gpu.free(500)
+
+    assert step_peak_bytes(step, "mps") == 500
+
+
+def test_step_memory_excludes_the_previous_steps_gradients() -> None:
+    """The bug of issue 13: stale gradients counted as 'held before', so the peak never grew."""
+    sizes = (64, 64, 64, 1)
+    small = measure_amp_step(sizes, 4, "fp32", "cpu", min_run_time=0.01)
+    large = measure_amp_step(sizes, 2048, "fp32", "cpu", min_run_time=0.01)
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:])) * 4 / 2**20
+    assert small["peak MiB"] >= params  # at least the fresh gradients
+    assert large["saved MiB"] > 100 * small["saved MiB"]  # activations grow with the batch
+    assert large["peak MiB"] > small["peak MiB"] + large["saved MiB"] / 2
+
+
+# --- measuring, plotting, the widget ------------------------------------------------------------
+
+
+def test_measure_amp_step() -> None:
+    row = measure_amp_step((16, 16, 1), 8, "bf16", "cpu", min_run_time=0.01)
+    assert set(row) == {"ms/step", "spread %", "samples/s", "peak MiB", "saved MiB"}
+    assert row["ms/step"] > 0 and row["samples/s"] > 0
+    assert row["peak MiB"] > 0 and row["saved MiB"] > 0
+    with pytest.raises(ValueError, match="batch_size must be > 0"):
+        measure_amp_step((16, 1), 0, "fp32", "cpu")
+    with pytest.raises(PrecisionError, match="Unknown precision"):
+        measure_amp_step((16, 1), 4, "fp12", "cpu")
+
+
+def small_sweep(**kw: object) -> AmpSweep:
+    args = {"precisions": ("fp32", "bf16", "fp16"), "batch_sizes": (4, 8), "sizes": (16, 16, 1)}
+    return run_amp_sweep("cpu", min_run_time=0.01, **{**args, **kw})
+
+
+def test_run_amp_sweep_skips_slow_fp16_with_a_reason() -> None:
+    sweep = small_sweep(allow_slow=not local_cpu_flags())  # bf16 emulated: allow it there
+    assert sweep.results["fp32"].column("batch size") == [4, 8]
+    if not CPU_HAS_FP16:
+        assert "fp16" not in sweep.results and "allow_slow" in sweep.skipped["fp16"]
+    assert sweep.speedup("fp32", 8) == 1.0 and sweep.speedup("bf16", 4) > 0
+    rows = sweep.rows()
+    assert {r["precision"] for r in rows} >= {"fp32", "bf16"} and rows[0]["vs fp32"] == "1.00x"
+    text = str(sweep)
+    assert "MLP 16-16-1" in text and "peak MiB =" in text and "saved MiB =" in text
+    assert "saved for backward" in text and "the same meter on every device" in text
+    with pytest.raises(KeyError, match="not measured"):
+        sweep.speedup("bf16", 1024)
+
+
+def test_run_amp_sweep_allow_slow_runs_fp16() -> None:
+    sweep = small_sweep(precisions=("fp16",), batch_sizes=(4,), allow_slow=True)
+    assert sweep.results["fp16"].column("batch size") == [4] and not sweep.skipped
+    assert sweep.rows()[0]["vs fp32"] == "n/a"
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"precisions": ()}, ValueError, "at least one precision"),
+        ({"precisions": ("fp32", "fp4")}, PrecisionError, "Unknown precision 'fp4'"),
+        ({"batch_sizes": (4, -1)}, ValueError, "batch size must be > 0"),
+        ({"sizes": (16,)}, ValueError, "at least an input and an output"),
+    ],
+)
+def test_run_amp_sweep_bad_input(kw: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        small_sweep(**kw)
+
+
+def test_plot_amp_sweep() -> None:
+    sweep = small_sweep(precisions=("fp32", "fp16"), allow_slow=False)
+    fig = plot_amp_sweep(sweep)
+    rate, mem = fig.axes
+    assert len(rate.lines) == len(sweep.results) and len(mem.lines) == 2 * len(sweep.results)
+    assert "samples / s" in rate.get_ylabel() and "peak" in mem.get_title()
+    assert "saved for backward" in mem.get_title()
+    if sweep.skipped:
+        assert "skipped: fp16" in fig._suptitle.get_text()
+
+
+def test_widget_button_runs_the_sweep() -> None:
+    controls = amp_controls("cpu", precisions=("fp32", "bf16"))
+    assert controls["precisions"].value == ("fp32", "bf16")
+    assert controls["width"].value == default_width("cpu")
+    assert controls["batch_sizes"].value == default_batch_sizes("cpu")
+
+    def run(precisions, batch_sizes, width, allow_slow):  # noqa: ANN001, ANN202
+        return run_amp_sweep(
+            "cpu",
+            precisions,
+            batch_sizes,
+            sizes=(16, width // 64, 1),
+            allow_slow=allow_slow,
+            min_run_time=0.01,
+        )
+
+    box = interactive_plot(run, plot_amp_sweep, controls)
+    controls["batch_sizes"].value = (8, 16)
+    controls["allow_slow"].value = True
+    box.run_button.click()
+    assert isinstance(box.last_result, AmpSweep) and not box.run_button.disabled
+    assert box.last_result.results["fp32"].column("batch size") == [8, 16]
+    with pytest.raises(PrecisionError):
+        amp_controls("cpu", precisions=("fp32", "fp7"))
+    assert isinstance(controls["allow_slow"], widgets.Checkbox)
+
+
+# --------------------------------------------------------------------------- TF32 (issue 15)
+
+
+def test_sweep_skips_tf32_where_it_does_not_exist() -> None:
+    sweep = run_amp_sweep("cpu", ("fp32", "tf32"), (8,), sizes=(16, 16, 1), min_run_time=0.01)
+    assert list(sweep.results) == ["fp32"]
+    assert "compute capability 8.0 or newer" in sweep.skipped["tf32"]
+    assert "skipped tf32" in str(sweep)
+
+
+def test_measure_tf32_rejected_on_cpu() -> None:
+    with pytest.raises(PrecisionError, match="TF32 needs an NVIDIA GPU"):
+        measure_amp_step((16, 16, 1), 8, "tf32", "cpu", min_run_time=0.01)
+
+
+@pytest.mark.parametrize(("precision", "during"), [("fp32", False), ("tf32", True)])
+def test_fp32_is_true_fp32_and_tf32_turns_it_on(monkeypatch, precision: str, during: bool) -> None:  # noqa: ANN001
+    """The sweep's fp32 row runs with TF32 off even if the notebook turned it on; restored after."""
+    seen, real_benchmark = [], amp_sweep.benchmark
+
+    def fake_benchmark(step, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        step()
+        return real_benchmark(step, **{**kwargs, "min_run_time": 0.01})
+
+    monkeypatch.setattr("helpers.matmul.tf32_available", lambda device=None: True)
+    monkeypatch.setattr(amp_sweep, "benchmark", fake_benchmark)
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not during
+    try:
+        row = measure_amp_step((16, 16, 1), 8, precision, "cpu", min_run_time=0.01)
+        assert seen == [during] and row["samples/s"] > 0
+        assert torch.backends.cuda.matmul.allow_tf32 is (not during), "restored"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_an_empty_batch_size_list_is_an_error_not_the_defaults() -> None:
+    with pytest.raises(ValueError, match="at least one batch size"):
+        run_amp_sweep(precisions=["fp32"], batch_sizes=[], device="cpu")
