@@ -610,7 +610,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
         )
         print(f"  skipped: {why}", flush=True)
         return Part("nccl", "skipped", f"Skipped: {why}.\n")
-    from helpers import distributed
+    from helpers import launch as torchrun
 
     rows, problems, seconds = [], [], 0.0
     folder = out / "nccl"
@@ -629,7 +629,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
 
                 flags = [*options, "--out", str(results), "--pg-timeout", "120"]
                 try:
-                    result = distributed.launch(
+                    result = torchrun.launch(
                         script,
                         nproc=world,
                         args=flags,
@@ -645,7 +645,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
                     ok, took, why = False, 0.0, f"{type(exc).__name__}: {exc}"
                 if ok:
                     try:
-                        wrong = check_results(script, distributed.read_results(results, world))
+                        wrong = check_results(script, torchrun.read_results(results, world))
                     except Exception as exc:  # noqa: BLE001 - unreadable results are wrong too
                         wrong = [f"{type(exc).__name__}: {exc}"]
                     ok, why = not wrong, "; ".join(wrong)
@@ -658,7 +658,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
                 problems.append(f"{script} x{world}: {why}")
     text = "| script | GPUs (ranks) | result | seconds |\n|---|---:|---|---:|\n"
     text += "\n".join(rows) + "\n\nBackend nccl, one rank per GPU, through "
-    text += "`helpers.distributed.launch` (torchrun); logs in `nccl/`.\n"
+    text += "`helpers.launch.launch` (torchrun); logs in `nccl/`.\n"
     return Part("nccl", "FAILED" if problems else "ok", text, seconds, problems)
 
 
