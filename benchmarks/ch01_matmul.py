@@ -91,12 +91,13 @@ def burst_seconds(
         fn()
     synchronize(device)
     if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
+        with torch.cuda.device(device):  # events on the timed GPU's stream
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
         return start.elapsed_time(end) / 1e3 / calls
     begin = time.perf_counter()
     for _ in range(calls):

@@ -56,35 +56,36 @@ def capture_steps(
     warmup: int = 3,
 ) -> dict[int, StaticStep]:
     """Capture one training step per batch size as a CUDA graph (capturable Adam, warm-up undone) (chapter 2)."""
-    sizes = list(dict.fromkeys(sizes))
-    start = [p.detach().clone() for p in model.parameters()]
-    side = torch.cuda.Stream(x.device)
-    side.wait_stream(torch.cuda.current_stream(x.device))
-    with torch.cuda.stream(side):  # warm-up on a side stream: lazy state is created here
+    with torch.cuda.device(x.device):  # streams and capture on the data's GPU, not the current one
+        sizes = list(dict.fromkeys(sizes))
+        start = [p.detach().clone() for p in model.parameters()]
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):  # warm-up on a side stream: lazy state is created here
+            for b in sizes:
+                for _ in range(warmup):
+                    optimizer.zero_grad(set_to_none=True)
+                    loss_fn(model(x[:b]), y[:b]).backward()
+                    optimizer.step()
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        with torch.no_grad():  # undo the warm-up: same weights, fresh (all-zero) Adam state
+            for p, p0 in zip(model.parameters(), start):
+                p.copy_(p0)
+            for state in optimizer.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor):
+                        v.zero_()
+        steps = {}
         for b in sizes:
-            for _ in range(warmup):
-                optimizer.zero_grad(set_to_none=True)
-                loss_fn(model(x[:b]), y[:b]).backward()
+            static_x, static_y = x[:b].clone(), y[:b].clone()
+            graph = torch.cuda.CUDAGraph()
+            optimizer.zero_grad(set_to_none=True)  # this graph's gradients live in its own pool
+            with torch.cuda.graph(graph):
+                static_loss = loss_fn(model(static_x), static_y)
+                static_loss.backward()
                 optimizer.step()
-    torch.cuda.current_stream(x.device).wait_stream(side)
-    with torch.no_grad():  # undo the warm-up: same weights, fresh (all-zero) Adam state
-        for p, p0 in zip(model.parameters(), start):
-            p.copy_(p0)
-        for state in optimizer.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    v.zero_()
-    steps = {}
-    for b in sizes:
-        static_x, static_y = x[:b].clone(), y[:b].clone()
-        graph = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)  # this graph's gradients live in its own pool
-        with torch.cuda.graph(graph):
-            static_loss = loss_fn(model(static_x), static_y)
-            static_loss.backward()
-            optimizer.step()
-        steps[b] = StaticStep(static_x, static_y, static_loss, graph.replay)
-    return steps
+            steps[b] = StaticStep(static_x, static_y, static_loss, graph.replay)
+        return steps
 
 
 def graphed_epoch(steps: dict[int, StaticStep], batches: ResidentBatches) -> list[float]:

@@ -103,7 +103,8 @@ def benchmark(
         torch.set_num_threads(before)
     synchronize(device)
     if device.type == "cuda":
-        m = _cuda_measurement(call, min_run_time, min_repeats, label)
+        with torch.cuda.device(device):  # events on the timed GPU's stream, not the current GPU's
+            m = _cuda_measurement(call, min_run_time, min_repeats, label)
         method = "CUDA events"
     else:
 

@@ -354,6 +354,8 @@ class FakeGpu:
     peak_allocated: int = 0
     peak_reserved: int = 0
     synchronize_calls: int = 0
+    #: The current device at each torch.cuda.Event.record(): a real event goes on that GPU's stream.
+    event_devices: list[int] = field(default_factory=list)
     nvml: FakeNvml = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -447,6 +449,9 @@ class FakeGpu:
 class FakeEvent:
     """torch.cuda.Event on the host clock: record() notes time.perf_counter(), elapsed_time in ms."""
 
+    #: The fake GPU whose current device a record() notes (set by install()).
+    gpu: FakeGpu | None = None
+
     def __init__(
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ):
@@ -455,6 +460,8 @@ class FakeEvent:
 
     def record(self, stream: Any = None) -> None:
         self.time = time.perf_counter()
+        if self.gpu is not None:
+            self.gpu.event_devices.append(self.gpu.current)
 
     def synchronize(self) -> None:
         pass
@@ -468,6 +475,21 @@ class FakeEvent:
         if self.time is None or end.time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return (end.time - self.time) * 1e3
+
+
+class FakeCudaDevice:
+    """torch.cuda.device(d): makes `d` the current device inside the block, then restores it."""
+
+    gpu: FakeGpu
+
+    def __init__(self, device: Any) -> None:
+        self.index = self.gpu.index(device) if device is not None else self.gpu.current
+
+    def __enter__(self) -> None:
+        self.previous, self.gpu.current = self.gpu.current, self.index
+
+    def __exit__(self, *exc: object) -> None:
+        self.gpu.current = self.previous
 
 
 def _reader(gpu: FakeGpu, attr: str):  # noqa: ANN202 - tiny adapter
@@ -534,7 +556,8 @@ def install(
             "is_bf16_supported": gpu.bf16_supported,
             "synchronize": gpu.synchronize,
             "mem_get_info": gpu.mem_get_info,
-            "Event": FakeEvent,
+            "Event": type("FakeEvent", (FakeEvent,), {"gpu": gpu}),
+            "device": type("FakeCudaDevice", (FakeCudaDevice,), {"gpu": gpu}),
             **memory,
         }
         for attr, fake in cuda_fakes.items():

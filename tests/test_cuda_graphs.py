@@ -165,6 +165,13 @@ def _fake_capture_api(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(torch.cuda, "stream", on_stream)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", capture)
+
+    @contextlib.contextmanager
+    def on_device(d):  # noqa: ANN001, ANN202
+        calls.append(f"device {d}")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", on_device)
     return calls
 
 
@@ -177,6 +184,7 @@ def test_capture_steps_undoes_the_warmup(monkeypatch: pytest.MonkeyPatch) -> Non
     steps = capture_steps(m, opt, loss_fn, x, y, [64, 8, 64], warmup=2)
     assert sorted(steps) == [8, 64]
     assert calls.count("capture") == 2 and calls.count("side stream") == 1
+    assert calls[0] == f"device {x.device}", "everything runs on the data's GPU"
     assert steps[64].x.shape == (64, 20) and steps[8].y.shape == (8, 1)
     assert steps[64].x.data_ptr() != x.data_ptr(), "static buffers are copies"
     # What the fake 'capture' ran: one step at 64, then one at 8, from the start weights and a

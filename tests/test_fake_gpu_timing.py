@@ -33,3 +33,12 @@ def test_cuda_events_path_sizes_its_blocks(fake_gpu) -> None:
     fake_gpu("t4")
     result = benchmark(lambda: None, device="cuda", warmup=0, min_run_time=0.05, min_repeats=5)
     assert result.number_per_run > 1 and result.repeats >= 5
+
+
+def test_cuda_events_are_recorded_on_the_timed_gpu(fake_gpu) -> None:
+    """benchmark(device='cuda:1') while cuda:0 is current: events must go on cuda:1's stream."""
+    gpu = fake_gpu("h100_sxm", count=2)
+    assert gpu.current == 0
+    benchmark(lambda: None, device="cuda:1", warmup=0, min_run_time=0.01, min_repeats=3)
+    assert gpu.event_devices and set(gpu.event_devices) == {1}
+    assert gpu.current == 0  # the caller's current device is restored
