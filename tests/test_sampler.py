@@ -220,3 +220,17 @@ def test_a_failed_sampler_does_not_hide_the_blocks_own_error() -> None:
             time.sleep(0.05)
             raise KeyError("training failed")
     assert not monitor_threads()
+
+
+def test_a_failed_sampler_is_reported_when_the_block_succeeds() -> None:
+    def failing_later() -> dict[str, float]:
+        failing_later.calls += 1
+        if failing_later.calls > 1:
+            raise OSError("driver went away")
+        return {"x": 1.0}
+
+    failing_later.calls = 0
+    with pytest.raises(MonitorUnavailable, match="driver went away"):
+        with Monitor(failing_later, interval=0.005):
+            time.sleep(0.05)
+    assert not monitor_threads()
