@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import matplotlib.pyplot as plt
 import pytest
@@ -207,14 +208,21 @@ def test_a_blocking_sampler_is_reported_at_stop() -> None:
             mon._thread.join(5)  # let the released thread end before other tests count threads
 
 
-def test_a_failed_sampler_does_not_hide_the_blocks_own_error() -> None:
-    def failing_later() -> dict[str, float]:
-        failing_later.calls += 1
-        if failing_later.calls > 1:
+def _failing_after_one_reading() -> Callable[[], dict[str, float]]:
+    """A sampler whose first reading works and every later one raises (the driver went away)."""
+    calls = {"n": 0}
+
+    def sample() -> dict[str, float]:
+        calls["n"] += 1
+        if calls["n"] > 1:
             raise OSError("driver went away")
         return {"x": 1.0}
 
-    failing_later.calls = 0
+    return sample
+
+
+def test_a_failed_sampler_does_not_hide_the_blocks_own_error() -> None:
+    failing_later = _failing_after_one_reading()
     with pytest.raises(KeyError, match="training failed"):
         with Monitor(failing_later, interval=0.005):
             time.sleep(0.05)
@@ -223,13 +231,7 @@ def test_a_failed_sampler_does_not_hide_the_blocks_own_error() -> None:
 
 
 def test_a_failed_sampler_is_reported_when_the_block_succeeds() -> None:
-    def failing_later() -> dict[str, float]:
-        failing_later.calls += 1
-        if failing_later.calls > 1:
-            raise OSError("driver went away")
-        return {"x": 1.0}
-
-    failing_later.calls = 0
+    failing_later = _failing_after_one_reading()
     with pytest.raises(MonitorUnavailable, match="driver went away"):
         with Monitor(failing_later, interval=0.005):
             time.sleep(0.05)
