@@ -353,8 +353,8 @@ def test_distinguishing_profile_profiles_again_until_the_need_holds() -> None:
 
     calls, asked = [], []
 
-    def need(rows) -> bool:  # noqa: ANN001 - key_averages rows
-        asked.append(len(rows))
+    def need(prof) -> bool:  # noqa: ANN001 - a torch.profiler.profile
+        asked.append(len(prof.key_averages()))
         return len(asked) >= 2  # the first profile is "not distinguishing", the second is
 
     prof = ch06._distinguishing_profile(lambda: calls.append(torch.ones(4).sum()), need, tries=3)
