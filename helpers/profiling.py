@@ -213,8 +213,8 @@ def diagnose(
     return Diagnosis(*why, ratios)
 
 
-def matmul_share(prof: profile, device: str | torch.device) -> float:
-    """Fraction of the profile's self time spent in matrix products: GPU kernels on CUDA, aten ops elsewhere (chapter 6)."""
+def matmul_share(prof: profile, device: str | torch.device, also: tuple[str, ...] = ()) -> float:
+    """Fraction of the profile's self time in matrix products (and names containing an `also` word): GPU kernels on CUDA, aten ops elsewhere (chapter 6)."""
     on_gpu = resolve_device(device).type == "cuda"
     rows = [
         r
@@ -225,10 +225,10 @@ def matmul_share(prof: profile, device: str | torch.device) -> float:
     ]
     if on_gpu:
         times = {r.key: r.self_device_time_total for r in rows}
-        is_matmul = {k: any(p in k.lower() for p in MATMUL_KERNELS) for k in times}
+        is_matmul = {k: any(p in k.lower() for p in MATMUL_KERNELS + also) for k in times}
     else:
         times = {r.key: r.self_cpu_time_total for r in rows}
-        is_matmul = {k: k in MATMUL_OPS for k in times}
+        is_matmul = {k: k in MATMUL_OPS or any(p in k.lower() for p in also) for k in times}
     total = sum(times.values())
     if total <= 0:
         raise ValueError("The profile recorded no time on this device: profile some steps first.")

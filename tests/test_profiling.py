@@ -201,3 +201,16 @@ def test_matmul_share() -> None:
     assert 0 < matmul_share(only_matmul, "cpu") <= 1
     no_matmul = profile_steps(lambda: a.relu(), "cpu", wait=0, warmup=1, active=3)
     assert matmul_share(no_matmul, "cpu") == 0
+
+
+def test_matmul_share_counts_fused_attention_when_asked() -> None:
+    """Chapter 7: SDPA's fused kernel does matrix products that no aten::mm row shows."""
+    from helpers.profiling import matmul_share
+
+    q = torch.randn(2, 4, 128, 16)
+    sdpa = profile_steps(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),
+        "cpu", wait=0, warmup=1, active=3,
+    )  # fmt: skip
+    alone = matmul_share(sdpa, "cpu")
+    assert matmul_share(sdpa, "cpu", also=("attention",)) > max(alone, 0.5)
