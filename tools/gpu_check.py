@@ -63,6 +63,7 @@ QUICK_BENCHMARK_ARGS: dict[str, list[str]] = {
     "ch04_scaling": ["--max-procs", "2", "--repeats", "1", "--steps", "5"],
     "ch05_memory": ["--min-run-time", "0.1"],
     "ch06_case_study": ["--samples", "2048", "--min-run-time", "0.2"],
+    "ch07_capstone": ["--rounds", "1", "--min-run-time", "0.1"],
 }
 #: The chapter 4 scripts the NCCL part runs, with small settings.
 NCCL_SCRIPTS: dict[str, list[str]] = {
