@@ -11,7 +11,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from helpers.checks import PASS, TODO, ch01, ch02, ch03, ch04, ch05, ch06
+from helpers.checks import PASS, TODO, ch01, ch02, ch03, ch04, ch05, ch06, ch07
 
 from nbfiles import exercise_namespace
 
@@ -55,6 +55,12 @@ CHAPTERS: dict[str, list[tuple[Callable, tuple[str, ...]]]] = {
         (ch06.check_fast_train, ("fast_train",)),
         (ch06.check_step_mfu, ("step_mfu",)),
     ],
+    "07_capstone": [
+        (ch07.check_causal_attention, ("causal_attention",)),
+        (ch07.check_flops_per_token, ("flops_per_token",)),
+        (ch07.check_accumulate_micro_batches, ("accumulate_micro_batches",)),
+        (ch07.check_largest_gpt_batch, ("largest_gpt_batch",)),
+    ],
 }
 CASES = [(chapter, check, names) for chapter, cases in CHAPTERS.items() for check, names in cases]
 IDS = [f"{chapter[:2]}-{names[0]}" for chapter, _, names in CASES]
@@ -83,7 +89,7 @@ def test_untouched_stub_is_todo(chapter: str, check, names: tuple[str, ...], cap
 
 
 def test_every_checker_is_covered() -> None:
-    modules = {"01": ch01, "02": ch02, "03": ch03, "04": ch04, "05": ch05, "06": ch06}
+    modules = {"01": ch01, "02": ch02, "03": ch03, "04": ch04, "05": ch05, "06": ch06, "07": ch07}
     for chapter, cases in CHAPTERS.items():
         module = modules[chapter[:2]]
         public = {n for n in dir(module) if n.startswith("check_")}
