@@ -52,6 +52,10 @@ Chapter 6, profiling
 - ``helpers.case_study``: the deliberately slow loop and its fixes
 - ``helpers.sampler``: a background thread sampling the GPUs (or the process) during a run
 - ``helpers.mfu``: model FLOPs utilisation
+
+Chapter 7, capstone
+- ``helpers.gpt``: a small GPT (decoder-only transformer) and the text it trains on
+- ``helpers.capstone``: the levers switched on one at a time, measured into one table
 """
 
 __version__ = "0.1.0"
