@@ -35,6 +35,15 @@ LEVER_TITLES = {
     "compile": "torch.compile",
     "checkpoint": "activation checkpointing (ch5)",
 }
+#: A GPU with this much memory gets the GPT-2-small-like model (an A100 40 GB reads 39.6 GiB).
+BIG_GPU_BYTES = 32 * 2**30
+
+
+def check_lever(name: str) -> str:
+    """`name` if it is a lever, else a ValueError listing the levers (chapter 7)."""
+    if name not in LEVER_TITLES:
+        raise ValueError(f"unknown lever {name!r}; the levers are {', '.join(LEVER_TITLES)}.")
+    return name
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,7 @@ class Levers:
 
     def plus(self, name: str) -> Levers:
         """These levers with `name` switched on (chapter 7)."""
-        if name not in LEVER_TITLES:
-            raise ValueError(f"unknown lever {name!r}; the levers are {', '.join(LEVER_TITLES)}.")
-        return replace(self, **{name: True})
+        return replace(self, **{check_lever(name): True})
 
     def label(self) -> str:
         """'baseline', or the levers that are on joined by ' + ' (chapter 7)."""
@@ -68,9 +75,7 @@ def capstone_sizes(device: str | torch.device) -> tuple[GPTConfig, int]:
     """(model config, batch size) that train in seconds here: tiny on CPU, GPT-2-small-like on a big GPU (chapter 7)."""
     info = describe_device(device)
     memory = info.total_memory or 0
-    if (
-        info.kind in ("cuda", "rocm") and memory >= 32 * 2**30
-    ):  # A100 (40 GB reads 39.6 GiB), H100, MI300X
+    if info.kind in ("cuda", "rocm") and memory >= BIG_GPU_BYTES:
         return GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024), 16
     if info.kind in ("cuda", "rocm"):  # T4, consumer cards
         return GPTConfig(n_layer=6, n_head=6, d_model=384, seq_len=256), 16
@@ -81,8 +86,7 @@ def capstone_sizes(device: str | torch.device) -> tuple[GPTConfig, int]:
 
 def lever_available(name: str, device: str | torch.device) -> tuple[bool, str]:
     """(can `name` run on `device`?, why not) (chapter 7)."""
-    if name not in LEVER_TITLES:
-        raise ValueError(f"unknown lever {name!r}; the levers are {', '.join(LEVER_TITLES)}.")
+    check_lever(name)
     device = resolve_device(device)
     if name == "amp":
         choice = amp_for_device(device)
@@ -154,6 +158,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, fused=levers.fused_adamw or None
         )
+        if (
+            levers.compile
+        ):  # forget earlier Trainers' graphs: many models would hit the recompile limit
+            torch.compiler.reset()
         self.forward = torch.compile(self.model) if levers.compile else self.model
         choice = amp_for_device(self.device) if levers.amp else None
         self.amp_dtype = choice.dtype if choice else None
