@@ -415,17 +415,6 @@ def describe_sdpa_kernel(op_names: list[str]) -> str:
     return "math (the unfused reference)" if op_names == [] else ", ".join(op_names)
 
 
-def summarize_rows(rows: list[LeverRow]) -> dict[str, float]:
-    """Median tokens/s of the baseline and of the final (last kept) configuration (chapter 7)."""
-    kept = [r for r in rows if r.kept.startswith("kept")]
-    final = kept[-1] if kept else rows[0]
-    return {
-        "baseline": rows[0].tokens_per_s,
-        "final": final.tokens_per_s,
-        "ratio": final.tokens_per_s / rows[0].tokens_per_s,
-    }
-
-
 def run_or_reason(fn: Callable[[], Any]) -> tuple[Any, str]:
     """(fn(), '') or (None, the first line of why it failed): a lever that fails is dropped, not fatal (chapter 7)."""
     try:

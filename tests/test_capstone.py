@@ -33,7 +33,6 @@ from helpers.capstone import (
     run_or_reason,
     same_losses,
     sdpa_backend,
-    summarize_rows,
 )
 from helpers.gpt import GPTConfig, text_bytes
 from helpers.units import MiB
@@ -340,14 +339,6 @@ def test_same_losses_returns_the_gap_or_raises() -> None:
         same_losses([1.0, 2.0], [1.0, 2.1], rtol=1e-4, atol=1e-4)
     with pytest.raises(AssertionError, match="shape"):  # curves of different lengths
         same_losses([1.0], [1.0, 2.0], rtol=1, atol=1)
-
-
-def test_summarize_rows_uses_the_last_kept_row() -> None:
-    rows = [row(tokens_per_s=100.0), row("a", tokens_per_s=150.0), row("a + b", tokens_per_s=90.0)]
-    rows[1].kept, rows[2].kept = "kept: 1.50x faster", "dropped: slower"
-    assert summarize_rows(rows) == {"baseline": 100.0, "final": 150.0, "ratio": 1.5}
-    rows[1].kept = "dropped: within the noise"
-    assert summarize_rows(rows) == {"baseline": 100.0, "final": 100.0, "ratio": 1.0}
 
 
 def test_plot_levers_returns_a_figure() -> None:
