@@ -59,6 +59,7 @@ from helpers.capstone import (
     capstone_sizes,
     lever_available,
     measure_trainer,
+    percent,
     run_or_reason,
     same_losses,
 )
@@ -214,11 +215,6 @@ def peaks(device: torch.device) -> tuple[Peak | None, Peak]:
     return reference, achievable_peak(device, dtype)
 
 
-def pct(x: float | None) -> str:
-    """A fraction as a percentage, or n/a."""
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options; --rounds and --min-run-time checked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -320,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                 "step ms (median)": f"{1e3 * statistics.median(times):.2f}",
                 "step ms (best round)": f"{1e3 * min(times):.2f}",
                 "tokens/s (median)": f"{tokens_per_step / statistics.median(times):,.0f}",
-                "MFU datasheet": pct(final_mfu),
-                "MFU achievable": pct(rate / achievable.flops),
+                "MFU datasheet": percent(final_mfu),
+                "MFU achievable": percent(rate / achievable.flops),
             }
         )
     print_table(rounds_rows)
@@ -336,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CPU target: {TARGET_CPU}x with the same math; {ratio:.2f}x {verdict} it ({math})")
     else:
         print(
-            f"H100 target: {TARGET_H100}x and {pct(TARGET_H100_MFU)} MFU (bf16 datasheet); here "
+            f"H100 target: {TARGET_H100}x and {percent(TARGET_H100_MFU)} MFU (bf16 datasheet); here "
             f"{ratio:.2f}x ({'meets' if ratio >= TARGET_H100 else 'BELOW'}) and MFU "
-            f"{pct(final_mfu)} ({'meets' if (final_mfu or 0) >= TARGET_H100_MFU else 'BELOW'}), "
+            f"{percent(final_mfu)} ({'meets' if (final_mfu or 0) >= TARGET_H100_MFU else 'BELOW'}), "
             f"{math}"
         )
     if broken:

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.activations import ActivationMeter
+from helpers.activations import ActivationMeter, autocast_context
 from helpers.amp_choice import amp_for_device
 from helpers.devices import describe_device, resolve_device, synchronize
 from helpers.gpt import GPTConfig, make_gpt
@@ -202,12 +202,7 @@ class Trainer:
     def step(self) -> torch.Tensor:
         """One optimizer step; returns the loss as a tensor on the device (chapter 7)."""
         x, y = self._batch()
-        autocast = (
-            torch.autocast(self.device.type, dtype=self.amp_dtype)
-            if self.amp_dtype
-            else nullcontext()
-        )
-        with autocast:
+        with autocast_context(self.device.type, self.amp_dtype):
             loss = self.forward(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler:
@@ -230,11 +225,7 @@ class Trainer:
     def saved_bytes(self) -> int:
         """Bytes one eager forward saves for backward at this batch, with this row's attention, autocast and checkpointing (chapter 7)."""
         x, y = self._peek_batch()
-        autocast = (
-            torch.autocast(self.device.type, dtype=self.amp_dtype)
-            if self.amp_dtype
-            else nullcontext()
-        )
+        autocast = autocast_context(self.device.type, self.amp_dtype)
         with ActivationMeter(self.model) as meter, autocast:
             self.model(x, y)
         return meter.total_bytes
@@ -245,6 +236,11 @@ class Trainer:
             self.batch_size, self.cfg.seq_len, dtype=torch.long, device=self.device
         )
         return tokens, tokens
+
+
+def percent(fraction: float | None) -> str:
+    """0.123 -> '12.3%'; None -> 'n/a' (an MFU without a peak) (chapter 7)."""
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 @dataclass
@@ -267,18 +263,14 @@ class LeverRow:
 
     def as_row(self) -> dict[str, Any]:
         """The row for print_table, numbers rounded for reading (chapter 7)."""
-
-        def pct(x: float | None) -> str:
-            return "n/a" if x is None else f"{100 * x:.1f}%"
-
         return {
             "levers": self.label,
             "step ms": f"{1e3 * self.step_s:.2f} ±{100 * self.spread:.0f}%",
             "tokens/s": f"{self.tokens_per_s:,.0f}",
             "saved MiB": f"{self.saved_mib:.1f}",
             "peak MiB": "n/a" if self.peak_mib is None else f"{self.peak_mib:.0f}",
-            "MFU datasheet": pct(self.mfu),
-            "MFU achievable": pct(self.mfu_achievable),
+            "MFU datasheet": percent(self.mfu),
+            "MFU achievable": percent(self.mfu_achievable),
             "speed-up": f"{self.speedup:.2f}x",
             "kept?": self.kept,
         }
