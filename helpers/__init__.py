@@ -40,7 +40,8 @@ Chapter 4, multi-GPU
 - ``helpers.launch``: launching torchrun scripts from a notebook, safely, loopback only
 - ``helpers.processes``: the job's processes and sockets, and stopping them all
 - ``helpers.scaling_sweep``: throughput against the number of processes, in one launch
-- ``helpers.scripts``: the distributed programs the chapter launches
+- ``helpers.scripts``: the distributed programs the chapter launches; ``one_launch.py`` runs
+  several of them in one launch
 
 Chapter 5, memory
 - ``helpers.activations``: the saved-tensor activation meter and the layer-by-layer count

@@ -24,7 +24,7 @@ import psutil
 import torch
 
 from helpers.processes import ProcessFamily, cpu_cores, gpu_count
-from helpers.scripts.common import BACKEND_ENV, BACKENDS, PG_FILE_ENV, READY_MARKER
+from helpers.scripts.common import BACKEND_ENV, BACKENDS, JOB_MARKER, PG_FILE_ENV, READY_MARKER
 from helpers.units import Printed
 from helpers.validate import positive_int, positive_seconds
 
@@ -76,6 +76,21 @@ def as_flags(options: dict[str, Any]) -> list[str]:
         elif value is not False and value is not None:
             flags += [flag, str(value)]
     return flags
+
+
+def one_launch_args(jobs: Sequence[tuple[str, Sequence[Any]]]) -> list[str]:
+    """[('ddp_train', ['--out', d]), ...] -> the arguments of one_launch.py: jobs joined by --then (chapter 4)."""
+    if not jobs:
+        raise LaunchError("No jobs: give [(script name, [its options]), ...], one pair per job.")
+    words: list[str] = []
+    for name, options in jobs:
+        if isinstance(name, (list, tuple)) or isinstance(options, (str, bytes)):
+            raise LaunchError(
+                f"Each job is a pair (script name, [its options]), e.g. ('ddp_train', ['--out', "
+                f"folder]); got {(name, options)!r}."
+            )
+        words += ["--then", str(name), *[str(o) for o in options]]
+    return words[1:]
 
 
 def max_processes(backend: str) -> int:
@@ -208,9 +223,29 @@ class LaunchResult(Printed):
         """Seconds from the launch to the first line containing `marker`, or None (chapter 4)."""
         return next((t for line, t in zip(self.lines, self.line_times) if marker in line), None)
 
-    def rank_lines(self, rank: int) -> list[str]:
-        """The lines a script printed as '[rank N] ...' (chapter 4)."""
-        return [ln for ln in self.lines if ln.startswith(f"[rank {rank}]")]
+    def rank_lines(self, rank: int, job: str | None = None) -> list[str]:
+        """The lines a script (or one job of a one_launch.py run) printed as '[rank N] ...' (chapter 4)."""
+        lines = self.lines if job is None else self.job_lines(job)
+        return [ln for ln in lines if ln.startswith(f"[rank {rank}]")]
+
+    def failures(self) -> list[tuple[int, int]]:
+        """(local rank, exit code) of each failure torchrun logged, in order, restarts included (chapter 4)."""
+        return [(int(m[2]), int(m[1])) for ln in self.lines if (m := _FAILED.search(ln))]
+
+    def job_lines(self, job: str) -> list[str]:
+        """The lines printed during one job of a one_launch.py run, its marker excluded (chapter 4)."""
+        marker = f"{JOB_MARKER} {job}"
+        if marker not in self.lines:
+            raise LaunchError(f"No job {job!r} in this launch: its jobs were {self.jobs()}.")
+        rest = self.lines[self.lines.index(marker) + 1 :]
+        end = next((i for i, ln in enumerate(rest) if ln.startswith(JOB_MARKER)), len(rest))
+        return rest[:end]
+
+    def jobs(self) -> list[str]:
+        """The jobs a one_launch.py run started, in order (chapter 4)."""
+        return [
+            ln.removeprefix(JOB_MARKER).strip() for ln in self.lines if ln.startswith(JOB_MARKER)
+        ]
 
     def __str__(self) -> str:
         state = "ok" if self.ok else "FAILED"
@@ -221,6 +256,8 @@ class LaunchResult(Printed):
         )
 
 
+# torchrun's agent logs the first failure of each attempt as "failed (exitcode: 1) local_rank: 0 ..."
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.M)
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)

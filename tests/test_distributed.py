@@ -49,7 +49,7 @@ from helpers.scripts.common import BACKEND_ENV, READY_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "slurm" / "torchrun_multinode.sbatch"
-SCRIPTS = {"manual_allreduce", "ddp_train", "fsdp_vs_ddp", "scaling", "elastic_train"}
+SCRIPTS = {"manual_allreduce", "ddp_train", "fsdp_vs_ddp", "scaling", "elastic_train", "one_launch"}
 
 
 @pytest.fixture(scope="module")
@@ -471,13 +471,26 @@ def elastic_reference(steps: int, per_rank: int = 32, lr: float = 0.05) -> torch
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
-    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 6, "--steps", 10]
+@pytest.mark.parametrize(
+    ("fault", "first_failure"),
+    [([], (1, 3)), (["--hang", "--pg-timeout", 3], (0, 1))],
+    ids=["crash", "hang"],
+)
+def test_restart_resumes_from_the_checkpoint(
+    tmp_path: Path, fault: list, first_failure: tuple[int, int]
+) -> None:
+    # a crash: rank 1 exits with 3. A hang (the notebook's run): rank 1 stops answering, and
+    # rank 0, the waiting peer, fails at the process-group timeout with exit code 1
+    args = ["--out", tmp_path, "--die-rank", 1, "--die-at-step", 6, "--steps", 10, *fault]
     res = launch2("elastic_train", args, max_restarts=1)
     assert res.ok and any("attempt 1: starting at step 4" in ln for ln in res.lines)
+    assert res.failures() == [first_failure], "torchrun logs the first failure of attempt 0"
+    if fault:
+        assert res.rank_lines(0) and any("step 6: all-reduce failed" in ln for ln in res.lines)
     (r0,) = read_results(tmp_path)
     assert r0["attempt"] == 1 and r0["resumed_from"] == 4
     assert torch.allclose(r0["params"], elastic_reference(10), atol=1e-6)
+    assert alive_pids(res.child_pids) == [], "no worker of either attempt is left behind"
 
 
 # --- the Slurm example -------------------------------------------------------------------------

@@ -32,6 +32,8 @@ BACKENDS = ("gloo", "nccl")
 PG_FILE_ENV = "COURSE_PG_FILE"
 #: Rank 0 prints this once the process group is up; the launcher times start-up with it.
 READY_MARKER = "[course] process group ready"
+#: Rank 0 prints this and a script's name when one_launch.py starts that script's job.
+JOB_MARKER = "[course] job"
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -13,6 +13,7 @@ calls, with and without ``no_sync``. The gradients must equal one big batch's.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from pathlib import Path
 
@@ -137,7 +138,8 @@ def accumulate(ctx: Context, args) -> dict:  # noqa: ANN001 - argparse namespace
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's options (chapter 4)."""
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--per-rank-batch", type=int, default=32)
@@ -145,12 +147,21 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--accum", type=int, default=4)
     p.add_argument("--forget-set-epoch", action="store_true", help="the classic bug")
-    args = p.parse_args()
-    ctx = setup(args.pg_timeout)
+    return p
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """Train, then accumulate with and without no_sync; results to args.out (chapter 4)."""
     args.out.mkdir(parents=True, exist_ok=True)
     result = train(ctx, args)
     result["accumulation"] = accumulate(ctx, args)
     write_result(args.out, ctx, result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    ctx = setup(args.pg_timeout)
+    run(ctx, args)
     teardown()
 
 

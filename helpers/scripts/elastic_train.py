@@ -8,7 +8,8 @@ At start-up every rank resumes from the checkpoint if there is one.
 first attempt only unless ``--die-every-attempt``. With ``torchrun --max-restarts=0`` the
 job fails; with ``--max-restarts=1`` torchrun restarts every rank, they resume from the
 last checkpoint and finish. ``--hang`` makes the rank stop answering instead of exiting:
-the other ranks then wait in their all-reduce until the process-group timeout.
+the other ranks then wait in their all-reduce until the process-group timeout, say so and
+fail, torchrun stops the hung rank, and a restart goes on as after a crash.
 
     torchrun --standalone --nproc-per-node=2 --max-restarts=1 elastic_train.py \
         --out /tmp/elastic --die-rank 1 --die-at-step 6
@@ -103,7 +104,11 @@ def main() -> None:
         rows = slice(ctx.rank * b, (ctx.rank + 1) * b)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x[rows].to(ctx.device)), y[rows].to(ctx.device))
-        loss.backward()
+        try:
+            loss.backward()  # DDP all-reduces here: this is where a lost peer is felt
+        except RuntimeError as exc:  # gloo raises; NCCL's watchdog aborts the process instead
+            say(ctx, f"step {step}: all-reduce failed: {str(exc).splitlines()[0][:160]}")
+            raise
         opt.step()
         if (step + 1) % args.ckpt_every == 0:
             if ctx.is_main:

@@ -16,6 +16,8 @@ to all-reduce in each step; each run also reports the bytes of its optimizer sta
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -242,7 +244,8 @@ def fsdp_skip_reason(device: torch.device) -> str | None:
     return None
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's options (chapter 4)."""
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=4)
@@ -250,8 +253,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--comm-steps", type=int, default=2, help="steps of each bytes-sent run")
-    args = p.parse_args()
-    ctx = setup(args.pg_timeout)
+    return p
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """DDP vs FSDP2, then the bytes-sent runs; results to args.out (chapter 4)."""
     start = make_mlp((args.width,) * args.depth + (1,), seed=args.seed).state_dict()
     skip = fsdp_skip_reason(ctx.device)
     result = {"ddp": train("ddp", ctx, args, start)}
@@ -264,6 +270,12 @@ def main() -> None:
     else:
         fsdp_b = sum(result["fsdp"]["held_bytes"].values()) / 2**20
         log(ctx, f"bytes held per rank: DDP {ddp_b:.2f} MiB, FSDP2 {fsdp_b:.2f} MiB")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    ctx = setup(args.pg_timeout)
+    run(ctx, args)
     teardown()
 
 

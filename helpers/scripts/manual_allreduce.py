@@ -17,6 +17,8 @@ and ``avg_op``: the same average in one call, ``ReduceOp.AVG``, where the backen
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -24,6 +26,7 @@ from torch import nn
 from helpers.data import make_classification_data
 from helpers.models import make_mlp
 from helpers.scripts.common import (
+    Context,
     exit_now,
     grads,
     log,
@@ -68,11 +71,15 @@ def local_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, no_gra
     return loss.item()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's options (chapter 4)."""
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--per-rank-batch", type=int, default=16)
-    args = p.parse_args()
-    ctx = setup(args.pg_timeout)
+    return p
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """The gradients by hand, their errata and ReduceOp.AVG; results to args.out (chapter 4)."""
     b = args.per_rank_batch
     x, y = make_classification_data(b * ctx.world_size, seed=args.seed)  # the global batch
     mine = slice(ctx.rank * b, (ctx.rank + 1) * b)  # this rank's shard
@@ -106,6 +113,12 @@ def main() -> None:
 
     write_result(args.out, ctx, result)
     log(ctx, f"gradients averaged over {ctx.world_size} ranks; results in {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    ctx = setup(args.pg_timeout)
+    run(ctx, args)
     teardown()
 
 
