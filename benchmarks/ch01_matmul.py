@@ -19,7 +19,9 @@
    capping) lowers the sustained figure, not the short burst. On the H100 run of 2026-11-23 the
    sweep read bf16 11-13% below the burst while fp32 agreed within 1%.
 
-Version 2. When changing how this script measures, bump the version.
+Version 3 (2 swept the TF32 row's sustained half as true fp32, so on an H100 it would have
+read about 87% below its burst; it also read the clock of NVML's GPU 0, whatever
+CUDA_VISIBLE_DEVICES said). When changing how this script measures, bump the version.
 """
 
 from __future__ import annotations
@@ -29,15 +31,22 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import benchmark as tbench
 
 from helpers.devices import describe_device, native_bf16, pick_device, synchronize
-from helpers.matmul import default_size_range, matmul_flops, run_matmul_sweep, run_speedup
+from helpers.matmul import (
+    default_size_range,
+    matmul_flops,
+    run_matmul_sweep,
+    run_speedup,
+    tf32_matmuls,
+)
 from helpers.tables import print_table
 
-VERSION = 2
+VERSION = 3
 N = 1024
 TARGET_PCT = 10.0
 BURST_TARGET_PCT = 3.0
@@ -106,6 +115,12 @@ def burst_seconds(
     return (time.perf_counter() - begin) / calls
 
 
+def nvml_handle(pynvml: Any, device: torch.device) -> Any:
+    """NVML's handle of torch's `device`, by UUID: NVML numbers GPUs ignoring CUDA_VISIBLE_DEVICES."""
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid[:4] in ("GPU-", "MIG-") else f"GPU-{uuid}")
+
+
 class ClockWatch:
     """SM clock (MHz) and board power (W) of one NVIDIA GPU, sampled every 5 ms in a thread."""
 
@@ -119,7 +134,7 @@ class ClockWatch:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self._handle = nvml_handle(pynvml, device)
             self._nvml = pynvml
         except Exception:  # no driver library, or NVML refuses: no clock readings
             self._handle = None
@@ -170,8 +185,8 @@ def burst_row(label: str, dtype: str, n: int, device: torch.device, watch: Clock
     flops = matmul_flops(n, n, n)
     burst, burst_clock = watch.measure(lambda: flops / burst_seconds(lambda: a @ b, device))
 
-    def sweep() -> float:
-        rows = run_matmul_sweep([n], dtype, device, max_call_seconds=60.0, progress=False).rows
+    def sweep() -> float:  # by label: "tf32" sweeps TF32 matmuls; "fp32" would turn TF32 off
+        rows = run_matmul_sweep([n], label, device, max_call_seconds=60.0, progress=False).rows
         return rows[0]["GFLOP/s"] * 1e9 if rows else float("nan")
 
     helper, helper_clock = watch.measure(sweep)
@@ -191,12 +206,8 @@ def burst_vs_sustained(device: torch.device, sizes: list[int]) -> list[dict]:
     """Every burst_row for this device's dtypes and `sizes`, TF32 switched on only for its row."""
     watch, rows = ClockWatch(device), []
     for label, dtype, tf32 in burst_dtypes(device):
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with tf32_matmuls(tf32):
             rows += [burst_row(label, dtype, n, device, watch) for n in sizes]
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
     return rows
 
 

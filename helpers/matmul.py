@@ -39,15 +39,58 @@ def dtype_choices(device: str | torch.device | None = None) -> list[str]:
     return ["fp32", *["tf32"] * tf32_available(device), "bf16", "fp16", "fp64"]
 
 
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls on CUDA run as TF32 now, read without tripping torch's TF32 API check (chapter 1)."""
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: one API
+        return bool(matmul.allow_tf32)
+    # torch >= 2.9 raises on reading allow_tf32 after the newer fp32_precision was set
+    precision = matmul.fp32_precision
+    if precision == "none":  # inherits the backend-wide setting
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
+def _tf32_settings() -> dict[str, Any]:
+    """Every switch that says whether fp32 matmuls may round to TF32, read without raising (chapter 1)."""
+    matmul, cpu = torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None)
+    newer = {obj: obj.fp32_precision for obj in (matmul, cpu) if hasattr(obj, "fp32_precision")}
+    readings: dict[str, Any] = {"newer": newer}
+    for key, read in (
+        ("precision", torch.get_float32_matmul_precision),
+        ("allow", lambda: matmul.allow_tf32),
+    ):
+        try:  # torch >= 2.9 raises here when the older and the newer API were mixed
+            readings[key] = read()
+        except RuntimeError:
+            readings[key] = None
+    return readings
+
+
+def _restore_tf32_settings(saved: dict[str, Any]) -> None:
+    """Put back what _tf32_settings read, mixed states included (chapter 1)."""
+    matmul = torch.backends.cuda.matmul
+    if saved["precision"] is not None:  # the older API's three levels, "medium" included
+        torch.set_float32_matmul_precision(saved["precision"])
+    elif saved["allow"] is not None:
+        matmul.allow_tf32 = saved["allow"]
+    else:  # allow_tf32 raised: the older switch said the opposite of the newer one
+        matmul.allow_tf32 = saved["newer"][matmul] != "tf32"
+    for obj, value in saved["newer"].items():
+        obj.fp32_precision = value
+
+
 @contextmanager
 def tf32_matmuls(enabled: bool) -> Iterator[None]:
-    """Inside the block fp32 matmuls run as TF32 (enabled) or as true fp32; restored after (chapter 1)."""
-    before = torch.backends.cuda.matmul.allow_tf32
+    """Inside the block fp32 matmuls run as TF32 (enabled) or as true fp32; every setting restored after (chapter 1)."""
+    saved = _tf32_settings()
+    # allow_tf32 sets torch's older and newer TF32 switch alike: cuBLAS and torch.compile,
+    # which check that the two agree, never see a mix inside the block
     torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        _restore_tf32_settings(saved)
 
 
 def check_tf32(device: torch.device) -> torch.dtype:
@@ -79,8 +122,7 @@ def matmul_peak_flops(
     device = resolve_device(device)
     if device.type != "cuda":
         return None  # the datasheet table covers NVIDIA and AMD GPUs only
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-    return peak_flops(torch.cuda.get_device_name(device), dtype, tf32=tf32)
+    return peak_flops(torch.cuda.get_device_name(device), dtype, tf32=tf32_enabled())
 
 
 @dataclass

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.devices import native_bf16, resolve_device
 from helpers.dtypes import dtype_name, parse_dtype
-from helpers.matmul import achievable_rate, matmul_peak_flops
+from helpers.matmul import achievable_rate, matmul_peak_flops, tf32_available, tf32_enabled
 from helpers.timing import benchmark
 from helpers.units import Printed, format_seconds
 
@@ -81,7 +81,7 @@ def reference_peak(
     known = matmul_peak_flops(device, dtype)  # None unless the table knows this GPU
     if known is None:
         return achievable_peak(device, dtype, shapes)
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    tf32 = dtype == torch.float32 and tf32_enabled()
     name = torch.cuda.get_device_name(device)
     kind = "tf32" if tf32 else dtype_name(dtype)
     return Peak(known, f"datasheet dense {kind} peak of {name}", measured=False)
@@ -148,13 +148,15 @@ def achievable_peak(
     dtype: str | torch.dtype = torch.float32,
     shapes: Sequence[tuple[int, int, int]] | None = None,
 ) -> Peak:
-    """The best matmul rate of a short MAMF search here (chapter 1's), as a reference for MFU (chapter 6)."""
+    """The best matmul rate of a short MAMF search here (chapter 1's), TF32 where fp32 runs as TF32 now, as a reference for MFU (chapter 6)."""
     device, dtype = resolve_device(device), parse_dtype(dtype)
     if shapes is not None and not shapes:
         raise ValueError(
             "shapes must name at least one (m, k, n) to measure, e.g. [(1024, 1024, 1024)]."
         )
-    search = achievable_rate(dtype, device, shapes)
+    # an fp32 step with TF32 on is compared with TF32 matmuls, as reference_peak does
+    tf32 = dtype == torch.float32 and tf32_enabled() and tf32_available(device)
+    search = achievable_rate("tf32" if tf32 else dtype, device, shapes)
     best = search.best()
     if best is None:
         raise RuntimeError(

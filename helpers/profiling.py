@@ -25,9 +25,10 @@ SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaDeviceSynchronize", "hipDeviceS
 STREAM_WAITS = ("cudaStreamSynchronize", "hipStreamSynchronize")
 #: What profile_steps calls its final sync, so that the summaries leave it out.
 FLUSH_LABEL = "profile_steps: final sync"
-#: CPU matmul ops, and GPU matmul kernel name patterns (cuBLAS/CUTLASS "gemm", rocBLAS "Cijk_").
+#: CPU matmul ops, and GPU matmul kernel name patterns: cuBLAS/CUTLASS "gemm", recent cuBLAS's
+#: Hopper kernels "nvjet_..." (no "gemm" in their names), rocBLAS/hipBLASLt "Cijk_".
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")
-MATMUL_KERNELS = ("gemm", "cijk_")
+MATMUL_KERNELS = ("gemm", "nvjet", "cijk_")
 
 
 def profiler_activities(device: str | torch.device) -> list[ProfilerActivity]:

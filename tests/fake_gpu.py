@@ -263,6 +263,7 @@ class FakeNvml(types.ModuleType):
     """A stand-in for the `pynvml` module of nvidia-ml-py, answering for the fake GPUs."""
 
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
 
     def __init__(self, gpu: FakeGpu) -> None:
         super().__init__("pynvml")
@@ -275,6 +276,7 @@ class FakeNvml(types.ModuleType):
         self.utilization = 0
         self.memory_used = 512 * MiB
         self.temperature_c = 34
+        self.sm_clock_mhz = 1755
         self.power_mw = gpu.spec.idle_power_mw
         self.unsupported: set[str] = set()
 
@@ -312,6 +314,17 @@ class FakeNvml(types.ModuleType):
         if not 0 <= index < self._gpu.count:
             raise self.NVMLError_InvalidArgument()
         return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        self._need_init()
+        for index in range(self._gpu.count):  # the fake's torch reports these UUIDs
+            if uuid == f"GPU-{self._gpu.spec.key}-{index:04d}":
+                return index
+        raise self.NVMLError_InvalidArgument()
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:  # noqa: N802
+        self._reading("clock")
+        return self.sm_clock_mhz
 
     def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
         self._need_init()

@@ -26,6 +26,7 @@ from helpers.amp_sweep import (  # noqa: E402
     step_peak_bytes,
 )
 from helpers.formats import PrecisionError  # noqa: E402
+from helpers.matmul import tf32_enabled, tf32_matmuls  # noqa: E402
 from helpers.widgets import interactive_plot  # noqa: E402
 
 CPU_HAS_FP16 = "amx_fp16" in local_cpu_flags()
@@ -218,20 +219,16 @@ def test_fp32_is_true_fp32_and_tf32_turns_it_on(monkeypatch, precision: str, dur
     seen, real_benchmark = [], amp_sweep.benchmark
 
     def fake_benchmark(step, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        seen.append(tf32_enabled())
         step()
         return real_benchmark(step, **{**kwargs, "min_run_time": 0.01})
 
     monkeypatch.setattr("helpers.matmul.tf32_available", lambda device=None: True)
     monkeypatch.setattr(amp_sweep, "benchmark", fake_benchmark)
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = not during
-    try:
+    with tf32_matmuls(not during):  # the notebook's global setting, the opposite of the row's
         row = measure_amp_step((16, 16, 1), 8, precision, "cpu", min_run_time=0.01)
         assert seen == [during] and row["samples/s"] > 0
-        assert torch.backends.cuda.matmul.allow_tf32 is (not during), "restored"
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        assert tf32_enabled() is (not during), "restored"
 
 
 def test_an_empty_batch_size_list_is_an_error_not_the_defaults() -> None:

@@ -35,6 +35,7 @@ from helpers.capstone import (
     sdpa_backend,
 )
 from helpers.gpt import GPTConfig, text_bytes
+from helpers.matmul import tf32_enabled
 from helpers.units import MiB
 
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=8)
@@ -201,14 +202,14 @@ def test_tf32_is_on_only_inside_run(monkeypatch: pytest.MonkeyPatch) -> None:
     real_step = trainer.step
 
     def step() -> torch.Tensor:
-        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        seen.append(tf32_enabled())
         return real_step()
 
     monkeypatch.setattr(trainer, "step", step)
-    before = torch.backends.cuda.matmul.allow_tf32
+    before = tf32_enabled()
     trainer.run()
     assert seen == [True, True]
-    assert torch.backends.cuda.matmul.allow_tf32 == before
+    assert tf32_enabled() == before
 
 
 def test_saved_bytes_shrink_with_sdpa_and_checkpointing() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 import time
 
 import pytest
@@ -278,15 +281,73 @@ def test_fp32_sweep_runs_true_fp32_and_restores_the_setting(monkeypatch) -> None
     seen, real = [], torch.matmul
 
     def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        seen.append(mm.tf32_enabled())
         return real(a, b)
 
     monkeypatch.setattr(torch, "matmul", spy)
     with mm.tf32_matmuls(True):  # a learner who switched TF32 on globally
         mm.run_matmul_sweep([16], "fp32", "cpu", **FAST)
-        assert torch.backends.cuda.matmul.allow_tf32 is True  # restored after the sweep
+        assert mm.tf32_enabled() is True  # restored after the sweep
     assert seen and not any(seen)  # every timed call ran with TF32 off
-    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert mm.tf32_enabled() is False
+
+
+# Every way a learner may have set TF32 before a helper switches it: torch >= 2.9 has two APIs
+# for the one switch and raises on reading the older one after the newer one was used.
+TF32_SETTINGS = {
+    "untouched": "",
+    "precision high": "torch.set_float32_matmul_precision('high')",
+    "precision medium": "torch.set_float32_matmul_precision('medium')",
+    "precision highest": "torch.set_float32_matmul_precision('highest')",
+    "allow_tf32 on": "torch.backends.cuda.matmul.allow_tf32 = True",
+    "allow_tf32 off": "torch.backends.cuda.matmul.allow_tf32 = False",
+    "fp32_precision tf32": "torch.backends.cuda.matmul.fp32_precision = 'tf32'",
+    "fp32_precision ieee": "torch.backends.cuda.matmul.fp32_precision = 'ieee'",
+    "backends fp32_precision tf32": "torch.backends.fp32_precision = 'tf32'",
+    "medium, then allow_tf32 off": (
+        "torch.set_float32_matmul_precision('medium'); torch.backends.cuda.matmul.allow_tf32 = False"
+    ),
+}
+TF32_PROBE = """
+import json, torch
+from helpers.matmul import tf32_enabled, tf32_matmuls
+def readings():
+    m, out = torch.backends.cuda.matmul, {}
+    for name, read in [("allow_tf32", lambda: m.allow_tf32),
+                       ("fp32_precision", lambda: getattr(m, "fp32_precision", None)),
+                       ("float32_matmul_precision", torch.get_float32_matmul_precision),
+                       ("cpu", lambda: getattr(getattr(torch.backends.mkldnn, "matmul", None),
+                                               "fp32_precision", None))]:
+        try:
+            out[name] = read()
+        except RuntimeError:
+            out[name] = "raises"
+    return out
+SETTING
+before, was = readings(), tf32_enabled()
+inside = []
+for enabled in (False, True):
+    with tf32_matmuls(enabled):
+        # cuBLAS and torch.compile read allow_tf32, which raises where the two APIs disagree
+        inside.append((tf32_enabled(), torch.backends.cuda.matmul.allow_tf32))
+print(json.dumps({"before": before, "after": readings(), "inside": inside, "was": was,
+                  "after_enabled": tf32_enabled()}))
+"""
+
+
+@pytest.mark.parametrize("setting", list(TF32_SETTINGS))
+def test_tf32_switch_leaves_every_setting_as_it_was(setting: str) -> None:
+    if "fp32_precision" in TF32_SETTINGS[setting] and not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip("torch < 2.9 has no fp32_precision")
+    code = TF32_PROBE.replace("SETTING", TF32_SETTINGS[setting])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["inside"] == [[False, False], [True, True]], "the block runs as asked"
+    assert got["after"] == got["before"], "every reading, raising or not, is as it was"
+    assert got["after_enabled"] == got["was"]
+    on = setting.endswith(("high", "medium", "on", "tf32"))
+    assert got["was"] is on, "tf32_enabled reads the setting whichever API set it"
 
 
 def test_achievable_rate_is_the_best_of_a_short_search() -> None:
@@ -300,3 +361,49 @@ def test_achievable_rate_is_the_best_of_a_short_search() -> None:
 
 def test_achievable_rate_shapes_grow_on_gpus() -> None:
     assert max(max(s) for s in mm.MAMF_SHAPES["cuda"]) > max(max(s) for s in mm.MAMF_SHAPES["cpu"])
+
+
+def tf32_readings() -> list:
+    """What a learner can read of the TF32 switches, 'raises' where torch refuses (torch >= 2.9)."""
+    out = []
+    for read in (
+        lambda: torch.backends.cuda.matmul.allow_tf32,
+        torch.get_float32_matmul_precision,
+        lambda: torch.backends.cuda.matmul.fp32_precision,
+        lambda: torch.backends.mkldnn.matmul.fp32_precision,
+    ):
+        try:
+            out.append(read())
+        except RuntimeError:
+            out.append("raises")
+    return out
+
+
+@pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9")
+@pytest.mark.parametrize(
+    "mix",
+    [
+        ["torch.backends.cuda.matmul.fp32_precision = 'tf32'"],  # allow_tf32 raises
+        [
+            "torch.set_float32_matmul_precision('medium')",
+            "torch.backends.cuda.matmul.allow_tf32 = False",
+        ],
+    ],
+    ids=["allow_tf32 raises", "float32_matmul_precision raises"],
+)
+def test_tf32_switch_in_a_mixed_state_in_this_process(mix: list[str]) -> None:
+    """The subprocess test's mixed states, in-process, so that coverage sees the restore's branches."""
+    pristine = tf32_readings()
+    try:
+        for line in mix:
+            exec(line, {"torch": torch})  # noqa: S102 - the learner's own line
+        before = tf32_readings()
+        assert "raises" in before
+        with mm.tf32_matmuls(True):
+            assert torch.backends.cuda.matmul.allow_tf32 is True and mm.tf32_enabled()
+        assert tf32_readings() == before
+    finally:  # back to torch's defaults for the tests that follow
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
+    assert tf32_readings() == pristine

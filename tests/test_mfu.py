@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import helpers.mfu as mfu_module
-from helpers.matmul import MatmulSweep
+from helpers.matmul import MatmulSweep, achievable_rate, tf32_matmuls
 from helpers.mfu import (
     MfuResult,
     Peak,
@@ -183,3 +183,23 @@ def test_achievable_peak_says_when_nothing_was_measured(monkeypatch: pytest.Monk
     monkeypatch.setattr(mfu_module, "achievable_rate", lambda dtype, device, shapes: empty)
     with pytest.raises(RuntimeError, match="No matmul shape could be measured on cpu"):
         mfu_module.achievable_peak("cpu")
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_achievable_peak_of_fp32_is_tf32_while_tf32_is_on(monkeypatch, tf32: bool) -> None:  # noqa: ANN001
+    """reference_peak picks the TF32 datasheet figure then; the measured rate must match it."""
+    asked = []
+
+    def search(dtype, device, shapes):  # noqa: ANN001, ANN202
+        asked.append(dtype)
+        return achievable_rate(torch.float32, device, [(32, 32, 32)])
+
+    monkeypatch.setattr(mfu_module, "achievable_rate", search)
+    monkeypatch.setattr(mfu_module, "tf32_available", lambda device: True)
+    with tf32_matmuls(tf32):
+        peak = mfu_module.achievable_peak("cpu", torch.float32)
+    assert asked == ["tf32" if tf32 else torch.float32] and peak.measured
+    asked.clear()
+    with tf32_matmuls(True):
+        mfu_module.achievable_peak("cpu", torch.bfloat16)
+    assert asked == [torch.bfloat16], "TF32 concerns fp32 matmuls only"
