@@ -14,6 +14,7 @@ import torch
 
 from helpers import launch as torchrun
 from helpers.launch import LaunchResult
+from helpers.scripts.one_launch import split_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,6 +163,8 @@ def test_nccl_world_sizes() -> None:
 def good_results(script: str, world: int) -> list[dict]:
     """What the chapter 4 scripts save, in the shapes check_results reads."""
     g = [torch.ones(3)]
+    if script == "manual_allreduce":
+        return [{"averaged": g, "no_division": [world * t for t in g]} for _ in range(world)]
     if script == "ddp_train":
         acc = {"no_sync": {"grads": g}, "every_step": {"grads": [t + 1e-7 for t in g]}}
         return [{"identical": True, "accumulation": acc} for _ in range(world)]
@@ -180,17 +183,21 @@ class FakeLauncher:
         self.calls.append((script, nproc, backend))
         assert check is False and timeout > 0
         assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT), "ranks import this checkout"
-        out = Path(args[args.index("--out") + 1])
         result = LaunchResult(command=["torchrun"], nproc=nproc, backend=backend, seconds=0.5)
         echo(f"[course] process group ready: {nproc} rank(s), backend {backend}")
         if script == self.fail:
             result.returncode, result.message = 1, "rank 0 failed first: NCCL error"
             return result
-        ranks = good_results(script, nproc)
-        if script == self.wrong:
-            ranks[0]["identical"] = False
-        for r, data in enumerate(ranks):
-            torch.save(data, out / f"rank{r}.pt")
+        jobs = split_jobs(args) if script == "one_launch" else [(script, args)]
+        for job, options in jobs:
+            assert options[options.index("--pg-timeout") + 1] == "120"
+            out = Path(options[options.index("--out") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            ranks = good_results(job, nproc)
+            if job == self.wrong:
+                ranks[0]["identical"] = False
+            for r, data in enumerate(ranks):
+                torch.save(data, out / f"rank{r}.pt")
         result.returncode = 0
         return result
 
@@ -208,11 +215,15 @@ def test_two_fake_gpus_run_ddp_and_fsdp_on_nccl_at_world_sizes_1_and_2(
         ("ddp_train", 2, "nccl"),
         ("fsdp_vs_ddp", 1, "nccl"),
         ("fsdp_vs_ddp", 2, "nccl"),
+        ("one_launch", 1, "nccl"),
+        ("one_launch", 2, "nccl"),
     ]
     text = (tmp_path / "summary.md").read_text()
     assert text.startswith("# GPU check: 2 x NVIDIA H100 80GB HBM3")
     assert "| driver | 580.95.05 |" in text and "CUDA 12.8" in text
     assert "| ddp_train | 2 | ok |" in text and "| fsdp_vs_ddp | 1 | ok |" in text
+    assert "| one_launch | 2 | ok |" in text
+    assert (tmp_path / "nccl" / "one_launch-nccl-x2" / "manual_allreduce" / "rank1.pt").is_file()
     assert (tmp_path / "nccl" / "ddp_train-nccl-x2.log").read_text().startswith("[course]")
     assert "reference/nvidia-h100-80gb-hbm3" in capsys.readouterr().out
 
@@ -226,9 +237,11 @@ def test_one_fake_gpu_reports_a_failed_launch_and_wrong_results(
     launcher = FakeLauncher(fail="fsdp_vs_ddp", wrong="ddp_train")
     monkeypatch.setattr(torchrun, "launch", launcher)
     part = gpu_check.run_nccl(tmp_path, gpu_check.parse_args([]), machine)
-    assert [c[1] for c in launcher.calls] == [1, 1], "one GPU: world size 1 only"
+    assert [c[1] for c in launcher.calls] == [1, 1, 1], "one GPU: world size 1 only"
     assert part.status == "FAILED"
     assert any("parameters differ between ranks" in p for p in part.problems)
+    # the wrong ddp_train results are found inside the one launch too, named by job
+    assert any(p.startswith("one_launch x1: ddp_train: parameters differ") for p in part.problems)
     assert any("NCCL error" in p for p in part.problems)
 
 
@@ -249,3 +262,13 @@ def test_the_real_probe_runs_in_a_subprocess() -> None:
     machine = gpu_check.machine_info()
     assert machine["torch"] == torch.__version__
     assert machine["cores"] >= 1 and isinstance(machine["gpus"], list)
+
+
+def test_manual_allreduce_results_are_checked() -> None:
+    good = good_results("manual_allreduce", 2)
+    assert gpu_check.check_results("manual_allreduce", good) == []
+    good[1]["averaged"] = [torch.zeros(3)]
+    good[0]["no_division"] = [torch.ones(3)]  # the sum, not 2 x the average
+    wrong = gpu_check.check_results("manual_allreduce", good)
+    assert "rank 1: averaged gradients differ from rank 0's" in wrong
+    assert "rank 0: the sum is not world size x the average" in wrong

@@ -14,7 +14,9 @@ image lacks). The parts:
 - tests: `pytest tests --ignore=tests/browser` (with `-n auto` where pytest-xdist is installed);
 - benchmarks: every benchmarks/*.py, each with a timeout, its printed tables kept verbatim;
 - nccl: on a machine with GPUs, the chapter 4 DDP and FSDP scripts under torchrun with the
-  NCCL backend at world size 1 (and 2 with two or more GPUs); skipped, with the reason, without.
+  NCCL backend at world size 1 (and 2 with two or more GPUs), each alone and then, as the
+  chapter runs them, in one launch with the hand-made all-reduce (one_launch.py); skipped,
+  with the reason, without.
 
 It writes `gpu-check/summary.md` (the machine, then each part's results) and the raw logs
 beside it, rewriting the summary after each part so a run that is stopped still has one. The
@@ -65,10 +67,18 @@ QUICK_BENCHMARK_ARGS: dict[str, list[str]] = {
     "ch06_case_study": ["--samples", "2048", "--min-run-time", "0.2"],
     "ch07_capstone": ["--rounds", "1", "--min-run-time", "0.1"],
 }
-#: The chapter 4 scripts the NCCL part runs, with small settings.
+#: The chapter 4 scripts the NCCL part runs, with small settings; "one_launch" runs these jobs
+#: in one launch, as the chapter does (its jobs' results go to a folder each).
 NCCL_SCRIPTS: dict[str, list[str]] = {
     "ddp_train": ["--samples", "512", "--epochs", "1"],
     "fsdp_vs_ddp": ["--steps", "3"],
+    "one_launch": [],
+}
+#: The jobs of the "one_launch" run, with their options.
+ONE_LAUNCH_JOBS: dict[str, list[str]] = {
+    "manual_allreduce": ["--per-rank-batch", "16"],
+    "ddp_train": NCCL_SCRIPTS["ddp_train"],
+    "fsdp_vs_ddp": NCCL_SCRIPTS["fsdp_vs_ddp"],
 }
 
 
@@ -584,10 +594,39 @@ def close(a: object, b: object, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
     return torch.allclose(torch.as_tensor(a).float(), torch.as_tensor(b).float(), rtol, atol)
 
 
+def nccl_flags(script: str, options: list[str], results: Path) -> list[str]:
+    """The script's arguments: its options, the results folder, a process-group timeout."""
+    if script != "one_launch":
+        return [*options, "--out", str(results), "--pg-timeout", "120"]
+    from helpers.launch import one_launch_args
+
+    jobs = [(job, nccl_flags(job, opts, results / job)) for job, opts in ONE_LAUNCH_JOBS.items()]
+    return one_launch_args(jobs)
+
+
+def nccl_problems(script: str, results: Path, world: int) -> list[str]:
+    """What is wrong in the results of one NCCL run (of every job, for one_launch)."""
+    from helpers.launch import read_results
+
+    if script != "one_launch":
+        return check_results(script, read_results(results, world))
+    wrong = []
+    for job in ONE_LAUNCH_JOBS:
+        wrong += [f"{job}: {w}" for w in check_results(job, read_results(results / job, world))]
+    return wrong
+
+
 def check_results(script: str, ranks: list[dict]) -> list[str]:
     """What is wrong in a chapter 4 script's per-rank results (an empty list if nothing)."""
     wrong = []
-    if script == "ddp_train":
+    if script == "manual_allreduce":
+        for i, r in enumerate(ranks):
+            if not close(r["averaged"], ranks[0]["averaged"]):
+                wrong.append(f"rank {i}: averaged gradients differ from rank 0's")
+            doubled = [len(ranks) * g for g in r["averaged"]]
+            if not close(r["no_division"], doubled):
+                wrong.append(f"rank {i}: the sum is not world size x the average")
+    elif script == "ddp_train":
         if not all(r["identical"] for r in ranks):
             wrong.append("parameters differ between ranks after DDP training")
         for i, r in enumerate(ranks):
@@ -628,7 +667,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
                     f.write(line + "\n")
                     f.flush()
 
-                flags = [*options, "--out", str(results), "--pg-timeout", "120"]
+                flags = nccl_flags(script, options, results)
                 try:
                     result = torchrun.launch(
                         script,
@@ -646,7 +685,7 @@ def run_nccl(out: Path, args: argparse.Namespace, machine: dict) -> Part:
                     ok, took, why = False, 0.0, f"{type(exc).__name__}: {exc}"
                 if ok:
                     try:
-                        wrong = check_results(script, torchrun.read_results(results, world))
+                        wrong = nccl_problems(script, results, world)
                     except Exception as exc:  # noqa: BLE001 - unreadable results are wrong too
                         wrong = [f"{type(exc).__name__}: {exc}"]
                     ok, why = not wrong, "; ".join(wrong)
