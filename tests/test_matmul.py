@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -393,7 +394,7 @@ def tf32_readings() -> list:
 )
 def test_tf32_switch_in_a_mixed_state_in_this_process(mix: list[str]) -> None:
     """The subprocess test's mixed states, in-process, so that coverage sees the restore's branches."""
-    pristine = tf32_readings()
+    pristine, saved = tf32_readings(), mm._tf32_settings()
     try:
         for line in mix:
             exec(line, {"torch": torch})  # noqa: S102 - the learner's own line
@@ -402,8 +403,13 @@ def test_tf32_switch_in_a_mixed_state_in_this_process(mix: list[str]) -> None:
         with mm.tf32_matmuls(True):
             assert torch.backends.cuda.matmul.allow_tf32 is True and mm.tf32_enabled()
         assert tf32_readings() == before
-    finally:  # back to torch's defaults for the tests that follow
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.fp32_precision = "none"
-        torch.backends.mkldnn.matmul.fp32_precision = "none"
+    finally:  # back to the state the tests before left, for the tests that follow
+        mm._restore_tf32_settings(saved)
     assert tf32_readings() == pristine
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_tf32_enabled_on_a_torch_with_one_api(monkeypatch, allowed: bool) -> None:  # noqa: ANN001
+    """torch < 2.9 (2.5 is the floor) has allow_tf32 only, with no fp32_precision to read."""
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=allowed))
+    assert mm.tf32_enabled() is allowed
