@@ -7,16 +7,19 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from matplotlib.figure import Figure
+from tf32_state import tf32_readings
 
 import helpers.matmul as mm
 from helpers.validate import DeviceError
 from helpers.widgets import interactive_plot
 
+TESTS = str(Path(__file__).resolve().parent)
 FAST = dict(min_run_time=0.01, progress=False)
 
 
@@ -310,20 +313,10 @@ TF32_SETTINGS = {
     ),
 }
 TF32_PROBE = """
-import json, torch
+import json, sys, torch
+sys.path.insert(0, TESTS)
 from helpers.matmul import tf32_enabled, tf32_matmuls
-def readings():
-    m, out = torch.backends.cuda.matmul, {}
-    for name, read in [("allow_tf32", lambda: m.allow_tf32),
-                       ("fp32_precision", lambda: getattr(m, "fp32_precision", None)),
-                       ("float32_matmul_precision", torch.get_float32_matmul_precision),
-                       ("cpu", lambda: getattr(getattr(torch.backends.mkldnn, "matmul", None),
-                                               "fp32_precision", None))]:
-        try:
-            out[name] = read()
-        except RuntimeError:
-            out[name] = "raises"
-    return out
+from tf32_state import tf32_readings as readings
 SETTING
 before, was = readings(), tf32_enabled()
 inside = []
@@ -340,7 +333,7 @@ print(json.dumps({"before": before, "after": readings(), "inside": inside, "was"
 def test_tf32_switch_leaves_every_setting_as_it_was(setting: str) -> None:
     if "fp32_precision" in TF32_SETTINGS[setting] and not hasattr(torch.backends, "fp32_precision"):
         pytest.skip("torch < 2.9 has no fp32_precision")
-    code = TF32_PROBE.replace("SETTING", TF32_SETTINGS[setting])
+    code = TF32_PROBE.replace("SETTING", TF32_SETTINGS[setting]).replace("TESTS", repr(TESTS))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout)
@@ -364,22 +357,6 @@ def test_achievable_rate_shapes_grow_on_gpus() -> None:
     assert max(max(s) for s in mm.MAMF_SHAPES["cuda"]) > max(max(s) for s in mm.MAMF_SHAPES["cpu"])
 
 
-def tf32_readings() -> list:
-    """What a learner can read of the TF32 switches, 'raises' where torch refuses (torch >= 2.9)."""
-    out = []
-    for read in (
-        lambda: torch.backends.cuda.matmul.allow_tf32,
-        torch.get_float32_matmul_precision,
-        lambda: torch.backends.cuda.matmul.fp32_precision,
-        lambda: torch.backends.mkldnn.matmul.fp32_precision,
-    ):
-        try:
-            out.append(read())
-        except RuntimeError:
-            out.append("raises")
-    return out
-
-
 @pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9")
 @pytest.mark.parametrize(
     "mix",
@@ -399,7 +376,7 @@ def test_tf32_switch_in_a_mixed_state_in_this_process(mix: list[str]) -> None:
         for line in mix:
             exec(line, {"torch": torch})  # noqa: S102 - the learner's own line
         before = tf32_readings()
-        assert "raises" in before
+        assert "raises" in before.values()
         with mm.tf32_matmuls(True):
             assert torch.backends.cuda.matmul.allow_tf32 is True and mm.tf32_enabled()
         assert tf32_readings() == before
