@@ -259,9 +259,38 @@ class LaunchResult(Printed):
 # torchrun's agent logs the first failure of each attempt as "failed (exitcode: 1) local_rank: 0 ..."
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.M)
-_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
+# each failure in torchrun's report: "rank : 1 (local_rank: 1)" then "exitcode : 3 (pid: 42)"
+_REPORT_ENTRY = re.compile(
+    r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M
+)
 _EXC_LINE = re.compile(r"^(?:\[rank ?(\d+)\]:?\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)$")
+_STOPPED = (-15, -9)  # SIGTERM, SIGKILL: how torchrun stops the ranks still running
+# what a rank says when it did not break but lost the one that did
+_LOST_PEER = re.compile(
+    r"closed by peer|reset by peer|broken pipe|timed out|timeout|aborted", re.IGNORECASE
+)
+
+
+def _report_failures(lines: list[str]) -> list[tuple[str, int]]:
+    """(rank, exit code) of each failure in torchrun's final report, its root cause first (chapter 4)."""
+    text = "\n".join(lines)
+    if _ROOT_CAUSE not in text:
+        return []
+    before, _, root = text.rpartition(_ROOT_CAUSE)
+    others = before.rpartition("Failures:")[2]
+    found = [(m[1], int(m[2])) for part in (root, others) for m in _REPORT_ENTRY.finditer(part)]
+    return list(dict.fromkeys(found))  # root cause first, each rank once
+
+
+def _said(rank: str, code: int, errors: dict[str | None, str], verb: str = "") -> str:
+    """'rank 1 VERB (exit code 3) with ITS ERROR' for a failure message (chapter 4)."""
+    why = errors.get(rank)
+    how = (
+        f"with {why}"
+        if why
+        else "without a Python traceback (it crashed, was killed, or called os._exit)"
+    )
+    return f"rank {rank} {verb + ' ' if verb else ''}(exit code {code}) {how}"
 
 
 def explain_failure(result: LaunchResult, timeout: float) -> str:
@@ -275,26 +304,36 @@ def explain_failure(result: LaunchResult, timeout: float) -> str:
             f"workers ({n} processes) were killed. A rank may be waiting for a peer that is gone "
             f"or stuck; read the output above, or pass a larger timeout= if the job is just slow."
         )
-    report = "\n".join(result.lines).partition(_ROOT_CAUSE)[2]  # empty without the report
-    rank = m.group(1) if (m := _ROOT_RANK.search(report)) else None
-    exitcode = int(m.group(1)) if (m := _ROOT_EXIT.search(report)) else None
+    head = f"torchrun exited with code {result.returncode} after {result.seconds:.1f} s: "
+    tail = " torchrun stopped the remaining ranks; the full report is above."
     found = [m.groups() for ln in result.lines if (m := _EXC_LINE.match(ln.strip()))]
-    found = [
-        (r, e if len(e) <= 160 else e[:159] + "…") for r, e in found if "ChildFailedError" not in e
-    ]
-    own = [e for r, e in found if rank is not None and r == rank]
-    others = [f"rank {r}: {e}" for r, e in found if r is not None and r != rank]
-    first = f"rank {rank} failed first (exit code {exitcode})"
-    if rank is None:
-        who = "a rank failed"
-    elif own:
-        who = f"{first} with {own[-1]}"
+    errors: dict[str | None, str] = {
+        r: e if len(e) <= 160 else e[:159] + "…" for r, e in found if "ChildFailedError" not in e
+    }  # the last error each rank printed
+    failed = _report_failures(result.lines)
+    if not failed:
+        return head + "a rank failed." + tail
+
+    # ranks that exited by themselves; torchrun's "first observed failure" is only the earliest
+    # to the whole second, and a rank that lost its peer fails a moment after the one that broke
+    own = [(r, c) for r, c in failed if c not in _STOPPED] or failed[:1]
+    if len(own) == 1:
+        rank, code = own[0]
+        others = [f"rank {r}: {e}" for r, e in errors.items() if r is not None and r != rank]
+        then = f" The others then lost their peer ({others[0]})." if others else ""
+        return head + _said(rank, code, errors, "failed first") + "." + then + tail
+    broke = [(r, c) for r, c in own if not _LOST_PEER.search(errors.get(r, ""))]
+    if len(broke) == 1:
+        rank, code = broke[0]
+        lost = "; ".join(_said(r, c, errors) for r, c in own if r != rank)
+        who = f"{_said(rank, code, errors, 'most likely failed first')}; the others then lost their peer: {lost}."
     else:
-        who = f"{first} without a Python traceback (it crashed, was killed, or called os._exit)"
-    then = f" The others then lost their peer ({others[0]})." if others else ""
+        who = "; ".join(_said(r, c, errors, "failed") for r, c in own) + "."
+    names = ", ".join(r for r, _ in own[:-1]) + f" and {own[-1][0]}"
     return (
-        f"torchrun exited with code {result.returncode} after {result.seconds:.1f} s: {who}.{then} "
-        f"torchrun stopped the remaining ranks; the full report is above."
+        f"{head}ranks {names} each failed before torchrun looked. {who} torchrun's report names "
+        f"rank {failed[0][0]} as the first observed failure, but it times failures to the whole "
+        f"second, so it cannot order the ones within a second.{tail}"
     )
 
 
