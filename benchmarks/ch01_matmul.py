@@ -31,7 +31,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.utils import benchmark as tbench
@@ -44,6 +43,7 @@ from helpers.matmul import (
     run_speedup,
     tf32_matmuls,
 )
+from helpers.nvml_snapshot import nvml_handle
 from helpers.tables import print_table
 
 VERSION = 3
@@ -113,12 +113,6 @@ def burst_seconds(
         fn()
     synchronize(device)
     return (time.perf_counter() - begin) / calls
-
-
-def nvml_handle(pynvml: Any, device: torch.device) -> Any:
-    """NVML's handle of torch's `device`, by UUID: NVML numbers GPUs ignoring CUDA_VISIBLE_DEVICES."""
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
-    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid[:4] in ("GPU-", "MIG-") else f"GPU-{uuid}")
 
 
 class ClockWatch:

@@ -16,6 +16,9 @@ Chapter 1, devices
 - ``helpers.dtypes``: the dtype vocabulary ('bf16' <-> ``torch.bfloat16``)
 - ``helpers.peaks``: the datasheet peak table (dense FLOP/s by GPU and precision, cited)
 - ``helpers.timing``: the one benchmark function every chapter uses
+- ``helpers.machine_state``: what else the machine was doing while a timing ran (GPU
+  co-tenants, other processes' CPU use, threads)
+- ``helpers.verdicts``: verdicts that compare exactly the table rows they name
 - ``helpers.memory``: memory readouts and peak tracking
 - ``helpers.nvml_snapshot``: a one-shot NVML reading through nvidia-ml-py
 - ``helpers.sweeps``: out-of-memory-safe sweeps that collect a table

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from helpers.units import format_bytes
 
@@ -39,6 +42,12 @@ def _try(read, default=None):  # noqa: ANN001, ANN202 - tiny internal adapter
         return read()
     except Exception:  # NVMLError_NotSupported and friends
         return default
+
+
+def nvml_handle(pynvml: Any, device: torch.device) -> Any:
+    """NVML's handle of torch's CUDA `device`, by UUID: NVML ignores CUDA_VISIBLE_DEVICES (chapter 1)."""
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid[:4] in ("GPU-", "MIG-") else f"GPU-{uuid}")
 
 
 def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:

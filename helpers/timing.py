@@ -11,6 +11,7 @@ import torch
 from torch.utils import benchmark as tbench
 
 from helpers.devices import resolve_device, synchronize
+from helpers.machine_state import MachineState, MachineWatch
 from helpers.units import Printed, format_seconds
 from helpers.validate import positive_int, positive_seconds
 
@@ -27,6 +28,8 @@ class BenchResult(Printed):
     num_threads: int
     device: str
     method: str
+    #: What else the machine was doing while the blocks ran (co-tenants, CPU load).
+    machine: MachineState | None = None
 
     @property
     def repeats(self) -> int:
@@ -102,6 +105,30 @@ def benchmark(
     finally:
         torch.set_num_threads(before)
     synchronize(device)
+    with MachineWatch(device, threads) as watch:
+        m, method = _measure(call, device, threads, label, min_run_time, min_repeats)
+    return BenchResult(
+        label,
+        m.median,
+        m.iqr,
+        list(m.times),
+        m.number_per_run,
+        threads,
+        str(device),
+        method,
+        watch.state,
+    )
+
+
+def _measure(
+    call: Callable[[], object],
+    device: torch.device,
+    threads: int,
+    label: str,
+    min_run_time: float,
+    min_repeats: int,
+) -> tuple[tbench.Measurement, str]:
+    """Timed blocks of call() on `device`, and the method used (chapter 1)."""
     if device.type == "cuda":
         with torch.cuda.device(device):  # events on the timed GPU's stream, not the current GPU's
             m = _cuda_measurement(call, min_run_time, min_repeats, label)
@@ -125,6 +152,4 @@ def benchmark(
             raw.append(timer.timeit(m.number_per_run).raw_times[0])
         m = tbench.Measurement(m.number_per_run, raw, m.task_spec)
         method = "torch.utils.benchmark"
-    return BenchResult(
-        label, m.median, m.iqr, list(m.times), m.number_per_run, threads, str(device), method
-    )
+    return m, method

@@ -33,7 +33,16 @@ def format_seconds(seconds: float) -> str:
 
 
 class Printed:
-    """A result that Jupyter shows as its text, the same as print() (chapter 1)."""
+    """A result that Jupyter shows as its text, the same as print() (chapter 1).
+
+    IPython's printer walks the class's MRO and takes the first class that defines
+    ``_repr_pretty_`` or ``__repr__``; ``@dataclass`` writes a ``__repr__`` into each subclass,
+    which would win over this one. So every subclass gets its own copy of ``_repr_pretty_``.
+    """
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._repr_pretty_ = Printed._repr_pretty_  # type: ignore[method-assign]
 
     def _repr_pretty_(self, p, cycle) -> None:  # noqa: ANN001 - IPython's printer protocol
         p.text(str(self))

@@ -40,7 +40,8 @@ What is patched (with the real figures of each GPU, see ``SPECS``):
   (reference counted; a call while not initialised raises NVMLError_Uninitialized, as the real
   library does), nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetName,
   nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates, nvmlDeviceGetTemperature,
-  nvmlDeviceGetPowerUsage, nvmlDeviceGetCudaComputeCapability, nvmlSystemGetDriverVersion and
+  nvmlDeviceGetPowerUsage, nvmlDeviceGetComputeRunningProcesses,
+  nvmlDeviceGetCudaComputeCapability, nvmlSystemGetDriverVersion and
   the real exception classes. For "mi300x" and "mps" nvmlInit raises
   NVMLError_LibraryNotFound, as it does without an NVIDIA driver.
 
@@ -51,9 +52,10 @@ The returned ``FakeGpu`` is the state the fakes read and write; tests may set it
   what the memory functions return; ``gpu.allocate(n)`` / ``gpu.free(n)`` move them as the
   caching allocator would);
 - ``gpu.synchronize_calls``; ``gpu.nvml`` (the fake module: ``utilization``,
-  ``memory_used``, ``temperature_c``, ``power_mw``, ``unsupported`` (a set of reading names
-  that raise NVMLError_NotSupported: "memory", "utilization", "temperature", "power"),
-  ``init_count``).
+  ``memory_used``, ``temperature_c``, ``power_mw``, ``processes`` (GPU index -> list of
+  (pid, used bytes), what nvmlDeviceGetComputeRunningProcesses returns), ``unsupported`` (a
+  set of reading names that raise NVMLError_NotSupported: "memory", "utilization",
+  "temperature", "power", "clock", "processes"), ``init_count``).
 
 Anything that launches a kernel (``torch.ones(..., device="cuda")``) still fails: that is the
 line between what CPU tests can check and what needs a real GPU (tests/gpu_only_lines.md).
@@ -279,6 +281,9 @@ class FakeNvml(types.ModuleType):
         self.sm_clock_mhz = 1755
         self.power_mw = gpu.spec.idle_power_mw
         self.unsupported: set[str] = set()
+        #: (pid, used bytes) of each compute process on each GPU index, as
+        #: nvmlDeviceGetComputeRunningProcesses lists them (a pid from the host's namespace).
+        self.processes: dict[int, list[tuple[int, int | None]]] = {}
 
     # -- library lifetime --------------------------------------------------------------------
     def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
@@ -348,6 +353,13 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:  # noqa: N802
         self._reading("power")
         return self.power_mw
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[types.SimpleNamespace]:  # noqa: N802
+        self._reading("processes")
+        return [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used)
+            for pid, used in self.processes.get(handle, [])
+        ]
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:  # noqa: N802
         self._need_init()

@@ -1,20 +1,10 @@
-"""What IPython's pretty printer shows for an object: the text its _repr_pretty_ writes."""
+"""What a notebook shows for an object: IPython's own pretty printer, as Jupyter calls it."""
 
 from __future__ import annotations
 
-
-class Printer:
-    """IPython's pretty printer, reduced to what _repr_pretty_ uses."""
-
-    def __init__(self) -> None:
-        self.out = ""
-
-    def text(self, s: str) -> None:
-        self.out += s
+from IPython.lib.pretty import pretty as ipython_pretty
 
 
 def pretty(obj: object) -> str:
-    """The text obj._repr_pretty_ writes, as a notebook would show it."""
-    p = Printer()
-    obj._repr_pretty_(p, False)  # type: ignore[attr-defined]
-    return p.out
+    """The text/plain a notebook shows for obj as a cell's last value (IPython.lib.pretty)."""
+    return ipython_pretty(obj)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from helpers.matmul import tf32_enabled
+from helpers.nvml_snapshot import nvml_handle
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ch01_matmul.py"
 spec = importlib.util.spec_from_file_location("ch01_matmul_benchmark", SCRIPT)
@@ -88,7 +89,7 @@ def test_the_tf32_row_times_tf32_in_both_halves(monkeypatch) -> None:  # noqa: A
 def test_clock_watch_reads_the_gpu_torch_uses(fake_gpu) -> None:  # noqa: ANN001
     gpu = fake_gpu("h100_sxm", count=2)
     gpu.nvml.nvmlInit()
-    assert bench.nvml_handle(gpu.nvml, torch.device("cuda", 1)) == 1  # by UUID, not by index
+    assert nvml_handle(gpu.nvml, torch.device("cuda", 1)) == 1  # by UUID, not by index
     gpu.nvml.power_mw = 612_000
     result, clock = bench.ClockWatch(torch.device("cuda", 1)).measure(lambda: time.sleep(0.03) or 5)
     assert result == 5 and clock == "1755 MHz / 612 W"

@@ -1,0 +1,99 @@
+"""Verdicts read from the rows a table prints, never from numbers kept beside it (chapter 1).
+
+A verdict that states a ratio between two rows of a table must compare exactly those rows:
+``compare_rows`` looks both up by name in the rows themselves, refuses to compare a row with
+itself, and calls the result only beyond the rows' own spreads, on a machine that was quiet
+(``helpers.machine_state``). tests/test_verdicts.py checks that the ratio it prints is the
+table's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from helpers.machine_state import MachineState, merge_states
+
+
+class Verdict(str):
+    """A printed verdict that remembers what it compared (chapter 1)."""
+
+    a: str
+    b: str
+    ratio: float  # how many times better row `a` was than row `b` (> 1: a was better)
+    noise: float  # the two rows' relative spreads added
+    conclusive: bool  # beyond the noise, on a quiet machine
+
+
+def row_named(rows: Sequence[Mapping[str, Any]], key: str, name: object) -> Mapping[str, Any]:
+    """The one row whose `key` column is `name`; a clear error otherwise (chapter 1)."""
+    found = [r for r in rows if r.get(key) == name]
+    if len(found) != 1:
+        names = ", ".join(repr(r.get(key)) for r in rows)
+        raise ValueError(
+            f"The table has {len(found)} rows with {key!r} = {name!r} (its rows: {names}); "
+            "a verdict must name exactly one row of the table it speaks about."
+        )
+    return found[0]
+
+
+def _number(row: Mapping[str, Any], column: str) -> float:
+    """A numeric cell of a row; a clear error for text (chapter 1)."""
+    value = row.get(column)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(
+            f"Column {column!r} must hold numbers to compare rows, got {value!r}: keep the "
+            "number in the row and format it when printing."
+        )
+    return float(value)
+
+
+def _machine(machine: MachineState | Sequence[MachineState] | None) -> MachineState | None:
+    """One state from one, several or none (chapter 1)."""
+    if machine is None or isinstance(machine, MachineState):
+        return machine
+    return merge_states(list(machine))
+
+
+def compare_rows(
+    rows: Sequence[Mapping[str, Any]],
+    key: str,
+    a: object,
+    b: object,
+    value: str,
+    *,
+    iqr: str | None = None,
+    higher_is_better: bool = False,
+    better: str = "faster",
+    machine: MachineState | Sequence[MachineState] | None = None,
+) -> Verdict:
+    """Which of rows `a` and `b` (named in column `key`) is better by `value`, beyond their IQRs (chapter 1)."""
+    if a == b:
+        raise ValueError(
+            f"compare_rows compares two different rows; both are {key!r} = {a!r}. Name the two "
+            "rows the verdict speaks about."
+        )
+    ra, rb = row_named(rows, key, a), row_named(rows, key, b)
+    va, vb = _number(ra, value), _number(rb, value)
+    if va <= 0 or vb <= 0 or not (math.isfinite(va) and math.isfinite(vb)):
+        raise ValueError(
+            f"Column {value!r} must be positive and finite to compare, got {va}, {vb}."
+        )
+    ratio = va / vb if higher_is_better else vb / va
+    noise = (_number(ra, iqr) / va + _number(rb, iqr) / vb) if iqr else 0.0
+    beyond = abs(ratio - 1) > noise
+    if not beyond:
+        text = f"{a} vs {b}: too close to call ({ratio:.2f}x, spreads add up to {noise:.0%})"
+    elif ratio > 1:
+        text = f"here, {a} was {ratio:.2f}x {better} than {b}"
+    else:
+        text = f"here, {b} was {1 / ratio:.2f}x {better} than {a}"
+    state = _machine(machine)
+    quiet = state is None or state.quiet
+    if not quiet:
+        text = f"inconclusive, {state.caveat()}; measured: {text}"  # type: ignore[union-attr]
+    verdict = Verdict(text)
+    verdict.a, verdict.b, verdict.ratio, verdict.noise = str(a), str(b), ratio, noise
+    verdict.conclusive = beyond and quiet
+    return verdict
