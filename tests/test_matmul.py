@@ -299,6 +299,15 @@ def test_a_gpu_slower_at_small_n_breaks_even_later() -> None:
     assert "faster beyond the spreads from n=256 on" in text  # 128: 1.03x, within the 4% spreads
 
 
+def test_a_gpu_slower_at_the_largest_n_has_no_break_even() -> None:
+    data = {64: (0.01, 0.02), 128: (0.04, 0.01), 256: (0.16, 0.2)}
+    text = verdict_for(data, QUIET)
+    assert "cuda:0 was not faster beyond the spreads at every size from some n on" in text
+    assert (
+        text.splitlines()[0] == "largest speed-up, at n=128: here, cuda:0 was 4.00x faster than CPU"
+    )
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_the_speedup_verdicts_ratio_is_the_tables(seed: int) -> None:
     rnd = random.Random(seed)
