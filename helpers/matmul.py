@@ -15,12 +15,14 @@ from matplotlib.figure import Figure
 from helpers.devices import TF32_CAPABILITY, available_devices, check_dtype, is_rocm, resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, is_tf32
-from helpers.loops import time_once
+from helpers.loops import time_once, torch_threads
+from helpers.machine_state import MachineState, merge_states
 from helpers.peaks import peak_flops
 from helpers.plots import plot_sweep
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
 from helpers.validate import DeviceError, positive_int, positive_seconds
+from helpers.verdicts import Verdict, compare_rows
 
 #: The size a sweep first calibrates on when it starts big, to predict how long a call takes.
 _PROBE_N = 256
@@ -134,6 +136,8 @@ class MatmulSweep(SweepResult):
     peak: float | None = None
     skipped: list[str] = field(default_factory=list)
     compares_devices: bool = False
+    #: What else the machine was doing while the sizes were timed (the busiest reading).
+    machine: MachineState | None = None
 
     def best(self) -> dict[str, Any] | None:
         """The row with the most GFLOP/s, None if nothing was measured (chapter 1)."""
@@ -149,6 +153,8 @@ class MatmulSweep(SweepResult):
         title = f"{self.dtype} matmul on {self.device}"
         lines = [title if self.compares_devices else f"{title}; peak {peak}", super().__str__()]
         lines += [f"skipped {note}" for note in self.skipped]
+        if self.machine is not None:
+            lines.append(str(self.machine))
         return "\n".join(lines)
 
 
@@ -181,6 +187,7 @@ def _run(
     dtype: str | torch.dtype,
     device: torch.device,
     progress: bool,
+    states: list[MachineState],
 ) -> MatmulSweep:
     """measure(point, tensor dtype) per point, TF32 on only for "tf32"; "% of peak" where known (chapter 1)."""
     tf32 = is_tf32(dtype)
@@ -192,7 +199,15 @@ def _run(
         if peak is not None and "GFLOP/s" in row:
             row["% of peak"] = 100 * row["GFLOP/s"] * 1e9 / peak
     label = "tf32" if tf32 else dtype_name(dtype)
-    return MatmulSweep(param, swept.rows, swept.stopped, dtype=label, device=str(device), peak=peak)
+    return MatmulSweep(
+        param,
+        swept.rows,
+        swept.stopped,
+        dtype=label,
+        device=str(device),
+        peak=peak,
+        machine=merge_states(states),
+    )
 
 
 def run_matmul_sweep(
@@ -204,13 +219,17 @@ def run_matmul_sweep(
     min_run_time: float = 0.1,
     max_call_seconds: float = 1.0,
     progress: bool = True,
+    num_threads: int | None = None,
 ) -> MatmulSweep:
     """Median time, GFLOP/s and % of datasheet peak of an n x n matmul for each size n (chapter 1)."""
     size_list = _sizes(sizes, size_range)
     min_run_time = positive_seconds(min_run_time, "min_run_time")
     max_call_seconds = positive_seconds(max_call_seconds, "max_call_seconds")
+    threads = num_threads if num_threads is not None else torch.get_num_threads()
+    threads = positive_int(threads, "num_threads")
     device = resolve_device(device)
     last: dict[str, float] = {}  # the last measured size and its time, to predict the next
+    states: list[MachineState] = []
 
     def measure(n: int, dtype: torch.dtype) -> dict[str, Any]:
         if not last and n > _PROBE_N:  # calibrate the prediction on a small size first
@@ -227,15 +246,25 @@ def run_matmul_sweep(
         if first_call > max_call_seconds:
             last.update(n=n, seconds=first_call)
             return {"skipped": f"(its first two calls took {first_call:.2g} s or more)"}
-        bench = benchmark(torch.matmul, a, b, device=device, warmup=1, min_run_time=min_run_time)
+        bench = benchmark(
+            torch.matmul,
+            a,
+            b,
+            device=device,
+            warmup=1,
+            min_run_time=min_run_time,
+            num_threads=threads,
+        )
         last.update(n=n, seconds=bench.median)
+        states.append(bench.machine)
         return {
             "time (ms)": bench.median * 1e3,
             "IQR (%)": 100 * bench.spread,
             "GFLOP/s": bench.rate(matmul_flops(n, n, n)) / 1e9,
         }
 
-    result = _run(measure, size_list, "n", dtype, device, progress)
+    with torch_threads(threads):  # the budget's first calls run at the timed thread count too
+        result = _run(measure, size_list, "n", dtype, device, progress, states)
     budget = f"over the {max_call_seconds:g} s per call budget"
     result.skipped = [f"n={r['n']}: {budget} {r['skipped']}" for r in result.rows if "skipped" in r]
     result.rows = [row for row in result.rows if "skipped" not in row]
@@ -265,15 +294,17 @@ def achievable_rate(
         if not isinstance(shape, (tuple, list)) or len(shape) != 3:
             raise ValueError(f"Each shape must be (m, k, n), got {shape!r}.")
     min_run_time = positive_seconds(min_run_time, "min_run_time")
+    states: list[MachineState] = []
 
     def measure(shape: tuple[int, int, int], dtype: torch.dtype) -> dict[str, Any]:
         m, k, n = shape
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         bench = benchmark(torch.matmul, a, b, device=device, warmup=3, min_run_time=min_run_time)
+        states.append(bench.machine)
         return {"GFLOP/s": bench.rate(matmul_flops(m, k, n)) / 1e9, "IQR (%)": 100 * bench.spread}
 
-    return _run(measure, [tuple(s) for s in shape_list], "m, k, n", dtype, device, False)
+    return _run(measure, [tuple(s) for s in shape_list], "m, k, n", dtype, device, False, states)
 
 
 def run_speedup(
@@ -282,7 +313,13 @@ def run_speedup(
     device: str | torch.device | None = None,
     **sweep_options: Any,
 ) -> MatmulSweep:
-    """run_matmul_sweep (same arguments) on an accelerator and on the CPU; rows give both times and the speed-up (chapter 1)."""
+    """run_matmul_sweep (same arguments) on an accelerator and on the CPU; rows give both times and the speed-up (chapter 1).
+
+    The CPU time of each n is the faster of all torch threads and one thread: a small matmul
+    is not worth splitting, and on a busy machine waking the other threads can cost a
+    scheduler time slice (8 ms on the course's H100 run of 2026-11-26) that has nothing to do
+    with the matmul. Rows whose CPU time stays flat while n grows are marked (cpu_floor_notes).
+    """
     device = resolve_device(device)
     if device.type == "cpu":
         raise DeviceError(
@@ -290,28 +327,120 @@ def run_speedup(
             f"this one is the CPU. Devices here: {', '.join(available_devices())}."
         )
     accel = run_matmul_sweep(sizes, dtype, device, **sweep_options)
-    cpu = run_matmul_sweep(sizes, dtype, "cpu", **sweep_options)
-    cpu_ms = {r["n"]: r["time (ms)"] for r in cpu.rows}
+    threads = torch.get_num_threads()
+    cpus = {threads: run_matmul_sweep(sizes, dtype, "cpu", **sweep_options)}
+    if threads > 1:
+        cpus[1] = run_matmul_sweep(sizes, dtype, "cpu", num_threads=1, **sweep_options)
+    cpu_rows = {}  # n -> (thread count, row) of the faster CPU configuration
+    for count, sweep in cpus.items():
+        for r in sweep.rows:
+            if r["n"] not in cpu_rows or r["time (ms)"] < cpu_rows[r["n"]][1]["time (ms)"]:
+                cpu_rows[r["n"]] = (count, r)
+    side = accel.device
     rows = [
         {
             "n": r["n"],
-            "CPU (ms)": cpu_ms[r["n"]],
-            f"{accel.device} (ms)": r["time (ms)"],
-            "speed-up": cpu_ms[r["n"]] / r["time (ms)"],
+            "CPU (ms)": cpu_rows[r["n"]][1]["time (ms)"],
+            "CPU IQR (%)": cpu_rows[r["n"]][1]["IQR (%)"],
+            "CPU threads": cpu_rows[r["n"]][0],
+            f"{side} (ms)": r["time (ms)"],
+            f"{side} IQR (%)": r["IQR (%)"],
+            "speed-up": cpu_rows[r["n"]][1]["time (ms)"] / r["time (ms)"],
         }
         for r in accel.rows
-        if r["n"] in cpu_ms
+        if r["n"] in cpu_rows
     ]
+    floors = cpu_floor_notes(rows)
+    for row in rows:
+        row["note"] = "CPU floor" if row["n"] in floors else ""
+    skipped = [f"on {accel.device}: {s}" for s in accel.skipped]
+    for count, sweep in cpus.items():
+        skipped += [f"on cpu ({count} thread(s)): {s}" for s in sweep.skipped]
     return MatmulSweep(
         param="n",
         rows=rows,
-        stopped=accel.stopped or cpu.stopped,
+        stopped=accel.stopped or cpus[threads].stopped,
         dtype=accel.dtype,
-        device=f"{cpu.device} vs {accel.device}",
+        device=f"cpu vs {accel.device}",
         compares_devices=True,
-        skipped=[f"on {cpu.device}: {s}" for s in cpu.skipped]
-        + [f"on {accel.device}: {s}" for s in accel.skipped],
+        skipped=skipped,
+        machine=merge_states([accel.machine] + [s.machine for s in cpus.values()]),
     )
+
+
+def cpu_floor_notes(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """n -> why, for speed-up rows whose CPU time did not grow with n³: a floor, not the matmul (chapter 1)."""
+    runs: list[list[dict[str, Any]]] = []  # consecutive rows whose CPU time stayed flat
+    for prev, row in zip(rows, rows[1:]):
+        spread = (prev["CPU IQR (%)"] + row["CPU IQR (%)"]) / 100
+        if row["CPU (ms)"] > prev["CPU (ms)"] * (1 + spread):  # it grew beyond the spreads
+            continue
+        if runs and runs[-1][-1] is prev:
+            runs[-1].append(row)
+        else:
+            runs.append([prev, row])
+    notes = {}
+    for run in runs:
+        times = [r["CPU (ms)"] for r in run]
+        why = (
+            f"the CPU time stayed flat ({min(times):.4g}-{max(times):.4g} ms) from n={run[0]['n']} "
+            f"to n={run[-1]['n']} while the FLOPs grew {(run[-1]['n'] / run[0]['n']) ** 3:.0f}x: "
+            "a floor of this machine (call overhead or thread scheduling), not a measurement of "
+            "the matmul"
+        )
+        notes.update({r["n"]: why for r in run})
+    return notes
+
+
+def timing_pair_verdict(
+    row: dict[str, Any], a: str, b: str, machine: MachineState | None = None
+) -> Verdict:
+    """compare_rows over two timings kept as columns of one row: f"{side} (ms)", f"{side} IQR (%)" (chapter 1)."""
+    pair = [
+        {
+            "side": side,
+            "ms": row[f"{side} (ms)"],
+            "IQR (ms)": row[f"{side} (ms)"] * row[f"{side} IQR (%)"] / 100,
+        }
+        for side in (a, b)
+    ]
+    return compare_rows(pair, "side", a, b, "ms", iqr="IQR (ms)", machine=machine)
+
+
+def speedup_verdict(result: MatmulSweep) -> str:
+    """The speed-up's verdict from run_speedup's own rows: largest speed-up, break-even, floors, conditions (chapter 1)."""
+    if not result.rows:
+        return "no size was measured on both devices: no speed-up to call"
+    accel = next(
+        k[: -len(" (ms)")] for k in result.rows[0] if k.endswith(" (ms)") and k != "CPU (ms)"
+    )
+    floors = cpu_floor_notes(result.rows)
+    counted = [r for r in result.rows if r["n"] not in floors]
+    lines = []
+    if counted:
+        top = max(counted, key=lambda r: r["speed-up"])
+        lines.append(
+            f"largest speed-up, at n={top['n']}: {timing_pair_verdict(top, accel, 'CPU', result.machine)}"
+        )
+        verdicts = {r["n"]: timing_pair_verdict(r, accel, "CPU", result.machine) for r in counted}
+        wins = [n for n, v in verdicts.items() if v.conclusive and v.ratio > 1]
+        from_n = next((n for n in verdicts if all(m in wins for m in verdicts if m >= n)), None)
+        if from_n is not None:
+            lines.append(f"{accel} faster beyond the spreads from n={from_n} on")
+        elif result.machine is not None and not result.machine.quiet:
+            lines.append(f"no break-even called: {result.machine.caveat()}")
+        else:
+            lines.append(f"{accel} was not faster beyond the spreads at every size from some n on")
+    for why in dict.fromkeys(floors.values()):  # one line per flat run, in order
+        sizes = ", ".join(str(n) for n, w in floors.items() if w == why)
+        lines.append(f"not counted, n = {sizes}: {why}")
+    threads = sorted({r["CPU threads"] for r in result.rows})
+    conditions = str(result.machine) if result.machine is not None else "machine state not recorded"
+    lines.append(
+        f"relative to this CPU configuration (the faster of {' and '.join(map(str, threads))} "
+        f"thread(s) per n; {conditions}): another CPU, thread count or load gives another ratio"
+    )
+    return "\n".join(lines)
 
 
 def _no_rows(ax: plt.Axes, result: MatmulSweep) -> None:

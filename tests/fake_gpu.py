@@ -38,11 +38,14 @@ What is patched (with the real figures of each GPU, see ``SPECS``):
   ``torch.accelerator.memory``).
 - ``sys.modules["pynvml"]``: a fake nvidia-ml-py (``FakeNvml``) with nvmlInit/nvmlShutdown
   (reference counted; a call while not initialised raises NVMLError_Uninitialized, as the real
-  library does), nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetName,
-  nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates, nvmlDeviceGetTemperature,
-  nvmlDeviceGetPowerUsage, nvmlDeviceGetComputeRunningProcesses,
-  nvmlDeviceGetCudaComputeCapability, nvmlSystemGetDriverVersion and
-  the real exception classes. For "mi300x" and "mps" nvmlInit raises
+  library does), nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByUUID
+  (the UUIDs the fake's torch reports), nvmlDeviceGetName, nvmlDeviceGetMemoryInfo,
+  nvmlDeviceGetUtilizationRates, nvmlDeviceGetTemperature, nvmlDeviceGetPowerUsage,
+  nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetClockInfo (the SM clock),
+  nvmlDeviceGetCurrentClocksEventReasons and its older name
+  nvmlDeviceGetCurrentClocksThrottleReasons (instance attributes: delete one to test a
+  fallback), nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetCudaComputeCapability,
+  nvmlSystemGetDriverVersion and the real exception classes. For "mi300x" and "mps" nvmlInit raises
   NVMLError_LibraryNotFound, as it does without an NVIDIA driver.
 
 The returned ``FakeGpu`` is the state the fakes read and write; tests may set it:
@@ -52,10 +55,12 @@ The returned ``FakeGpu`` is the state the fakes read and write; tests may set it
   what the memory functions return; ``gpu.allocate(n)`` / ``gpu.free(n)`` move them as the
   caching allocator would);
 - ``gpu.synchronize_calls``; ``gpu.nvml`` (the fake module: ``utilization``,
-  ``memory_used``, ``temperature_c``, ``power_mw``, ``processes`` (GPU index -> list of
-  (pid, used bytes), what nvmlDeviceGetComputeRunningProcesses returns), ``unsupported`` (a
-  set of reading names that raise NVMLError_NotSupported: "memory", "utilization",
-  "temperature", "power", "clock", "processes"), ``init_count``).
+  ``memory_used``, ``temperature_c``, ``power_mw``, ``power_limit_mw`` (``POWER_LIMIT_MW``),
+  ``sm_clock_mhz``, ``clock_event_reasons`` (the bit mask the clock-event reasons return),
+  ``processes`` (GPU index -> list of (pid, used bytes), what
+  nvmlDeviceGetComputeRunningProcesses returns), ``unsupported`` (a set of reading names that
+  raise NVMLError_NotSupported: "memory", "utilization", "temperature", "power", "clock",
+  "reasons", "processes"), ``init_count``).
 
 Anything that launches a kernel (``torch.ones(..., device="cuda")``) still fails: that is the
 line between what CPU tests can check and what needs a real GPU (tests/gpu_only_lines.md).
@@ -261,6 +266,10 @@ def _nvml_errors() -> dict[str, type[Exception]]:
     }
 
 
+#: Board power limits (mW) nvmlDeviceGetEnforcedPowerLimit reports, from each board's datasheet.
+POWER_LIMIT_MW = {"h100_sxm": 700_000, "a100": 400_000, "t4": 70_000, "rtx4090": 450_000}
+
+
 class FakeNvml(types.ModuleType):
     """A stand-in for the `pynvml` module of nvidia-ml-py, answering for the fake GPUs."""
 
@@ -284,6 +293,14 @@ class FakeNvml(types.ModuleType):
         #: (pid, used bytes) of each compute process on each GPU index, as
         #: nvmlDeviceGetComputeRunningProcesses lists them (a pid from the host's namespace).
         self.processes: dict[int, list[tuple[int, int | None]]] = {}
+        #: The bit mask nvmlDeviceGetCurrentClocksEventReasons returns (nvml.h: 0x1 GPU idle,
+        #: 0x4 SW power cap, 0x8 HW slowdown, 0x20 SW thermal, 0x40 HW thermal, 0x80 power brake).
+        self.clock_event_reasons = 0
+        self.power_limit_mw = POWER_LIMIT_MW.get(gpu.spec.key, 0)
+        # Instance attributes, so a test can delete the newer name (as nvidia-ml-py < 12.535
+        # lacks it) and see code fall back to the older one.
+        self.nvmlDeviceGetCurrentClocksEventReasons = self._clocks_event_reasons
+        self.nvmlDeviceGetCurrentClocksThrottleReasons = self._clocks_event_reasons
 
     # -- library lifetime --------------------------------------------------------------------
     def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
@@ -330,6 +347,14 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:  # noqa: N802
         self._reading("clock")
         return self.sm_clock_mhz
+
+    def _clocks_event_reasons(self, handle: int) -> int:
+        self._reading("reasons")
+        return self.clock_event_reasons
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:  # noqa: N802
+        self._reading("power")
+        return self.power_limit_mw
 
     def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
         self._need_init()

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 import torch
 
 from helpers import devices, dtypes
-from helpers.peaks import _PEAK_TABLE, UNKNOWN_PEAK, peak_flops, peak_row
+from helpers.peaks import (
+    _PEAK_TABLE,
+    TENSOR_PRECISIONS,
+    UNKNOWN_PEAK,
+    clock_adjusted_peak,
+    datasheet_clock_mhz,
+    peak_flops,
+    peak_row,
+)
 from helpers.validate import DeviceError
 
 #: Real names as torch prints them -> dense TFLOP/s (fp32, tf32, bf16, fp16); None = no fast path.
@@ -138,7 +147,8 @@ def test_tf32_is_a_precision_name_and_a_flag() -> None:
     assert peak_flops(name, " TF32 ") == 156e12
     assert peak_flops(name, "bf16", tf32=True) == 312e12  # the flag only changes fp32
     assert peak_flops("Tesla T4", "tf32") is None  # no tf32 before Ampere
-    assert peak_flops(name, "fp64") is None  # the table has no fp64 figures
+    assert peak_flops(name, "fp64", tf32=True) == 19.5e12  # the flag only changes fp32
+    assert peak_flops("NVIDIA GeForce RTX 4090", "fp64") is None  # no datasheet figure
 
 
 def test_parse_dtype_still_rejects_tf32_and_garbage_clearly() -> None:
@@ -190,3 +200,105 @@ def test_describe_device_shows_the_table_row(fake_gpu, kind: str, name: str) -> 
         assert shown.endswith(
             f"(no fast {', '.join(missing)})" if missing else f"{expected['fp16']:g}"
         )
+
+
+#: AUDIT finding 19: fp64 beat fp32 on the H100 with no peak to compare. The fp64 matmul rate
+#: from each datasheet: FP64 tensor core where the GPU has one, else plain FP64 (V100).
+FP64: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 67,
+    "NVIDIA H100 PCIe": 51,
+    "NVIDIA H100 NVL": 60,
+    "NVIDIA H200": 67,
+    "NVIDIA H200 NVL": 60,
+    "NVIDIA GH200 480GB": 67,
+    "NVIDIA A100-SXM4-80GB": 19.5,
+    "NVIDIA A100-SXM4-40GB": 19.5,
+    "NVIDIA A100-PCIE-40GB": 19.5,
+    "NVIDIA A100 80GB PCIe": 19.5,
+    "NVIDIA A30": 10.3,
+    "Tesla V100-SXM2-16GB": 7.8,
+    "Tesla V100-SXM2-32GB": 7.8,
+    "Tesla V100-PCIE-16GB": 7.0,
+    "Tesla V100-PCIE-32GB": 7.0,
+    "Tesla V100S-PCIE-32GB": 8.2,
+    "AMD Instinct MI300X": 163.4,
+    "AMD Instinct MI250X": 47.9,
+}
+
+
+@pytest.mark.parametrize("name", list(KNOWN))
+def test_fp64_peak_where_the_datasheet_gives_one(name: str) -> None:
+    expected = FP64.get(name)
+    assert peak_flops(name, "fp64") == (
+        None if expected is None else pytest.approx(expected * 1e12)
+    )
+    assert peak_flops(name, torch.float64) == peak_flops(name, "fp64")
+
+
+#: Name -> SMs, for the GPUs whose table row gives the clock its figures assume.
+SMS = {
+    "NVIDIA H100 80GB HBM3": 132,
+    "NVIDIA H200": 132,
+    "NVIDIA A100-SXM4-80GB": 108,
+    "Tesla T4": 40,
+    "NVIDIA GeForce RTX 4090": 128,
+    "Tesla V100-SXM2-32GB": 80,
+    "Tesla V100-PCIE-16GB": 80,
+}
+
+
+@pytest.mark.parametrize("name", list(SMS))
+def test_each_clock_gives_a_whole_number_of_flops_per_clock_per_sm(name: str) -> None:
+    """peak = SMs x FLOP/clock/SM x clock, with FLOP/clock/SM a power of two: the pair is right.
+
+    Datasheets round their figures (14 TFLOP/s for the V100 PCIe's 14.13), hence 1%."""
+    for precision in (*PRECISIONS, "fp64"):
+        peak, clock = peak_flops(name, precision), datasheet_clock_mhz(name, precision)
+        if peak is None:
+            assert clock is None
+            continue
+        per_sm = peak / (clock * 1e6) / SMS[name]
+        assert per_sm == pytest.approx(2 ** round(math.log2(per_sm)), rel=0.01), (precision, per_sm)
+
+
+def test_every_row_with_clocks_is_checked_above() -> None:
+    checked = {id(peak_row(name)) for name in SMS}
+    with_clocks = {id(r) for r in _PEAK_TABLE if r.boost_mhz is not None}
+    assert with_clocks == checked
+
+
+def test_the_h100_datasheet_clocks_and_the_audits_clock_adjusted_peaks() -> None:
+    """AUDIT finding 6: 989 bf16 = 132 x 4096 x 1.83 GHz; at 1425 MHz the peak is 770."""
+    name = "NVIDIA H100 80GB HBM3"
+    assert {p: datasheet_clock_mhz(name, p) for p in (*PRECISIONS, "fp64")} == {
+        "fp32": 1980,
+        "tf32": 1830,
+        "bf16": 1830,
+        "fp16": 1830,
+        "fp64": 1980,
+    }
+    assert set(TENSOR_PRECISIONS) == {"tf32", "bf16", "fp16"}
+    assert clock_adjusted_peak(name, "bf16", 1425) / 1e12 == pytest.approx(770.1, abs=0.1)
+    assert clock_adjusted_peak(name, "tf32", 1485) / 1e12 == pytest.approx(400.9, abs=0.1)
+    assert clock_adjusted_peak(name, "fp32", 1980) == peak_flops(name, "fp32")
+    assert clock_adjusted_peak(name, "fp32", 1485, tf32=True) == clock_adjusted_peak(
+        name, "tf32", 1485
+    )
+
+
+def test_no_clock_adjusted_peak_without_a_clock() -> None:
+    assert clock_adjusted_peak("NVIDIA H100 80GB HBM3", "bf16", None) is None
+    assert clock_adjusted_peak("NVIDIA H100 80GB HBM3", "bf16", 0) is None
+    assert clock_adjusted_peak("NVIDIA L4", "bf16", 1500) is None  # its clock is not in the table
+    assert datasheet_clock_mhz("Tesla T4", "bf16") is None  # no bf16 figure, so no clock
+    assert datasheet_clock_mhz("Some Future GPU", "fp32") is None
+
+
+def test_fp64_shows_in_the_sweeps_peak_column(fake_gpu) -> None:  # noqa: ANN001
+    from helpers.matmul import matmul_peak_flops
+
+    fake_gpu("h100_sxm")
+    assert matmul_peak_flops("cuda:0", "fp64") == 67e12
+    assert matmul_peak_flops("cuda:0", torch.float64) == 67e12
+    fake_gpu("t4")
+    assert matmul_peak_flops("cuda:0", "fp64") is None

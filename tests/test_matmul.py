@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from matplotlib.figure import Figure
 from tf32_state import tf32_readings
 
 import helpers.matmul as mm
+from helpers.machine_state import GpuTenants, MachineState
 from helpers.validate import DeviceError
 from helpers.widgets import interactive_plot
 
@@ -163,28 +166,191 @@ def test_speedup_needs_an_accelerator() -> None:
         mm.run_speedup([16], device="cpu", progress=False)
 
 
-def test_speedup_joins_on_n(monkeypatch, fake_gpu) -> None:  # noqa: ANN001
-    cpu = mm.MatmulSweep(param="n", rows=[{"n": 16, "time (ms)": 2.0}, {"n": 32, "time (ms)": 8.0}])
-    gpu = mm.MatmulSweep(
-        param="n",
-        device="cuda:0",
-        rows=[
-            {"n": 16, "time (ms)": 4.0},
-            {"n": 32, "time (ms)": 0.5},
-            {"n": 64, "time (ms)": 1.0},
-        ],
-        skipped=["n=128: over the budget"],
-    )
-    cpu.skipped = ["n=64: over the budget"]
+def sweep_of(
+    device: str, times: dict[int, float], iqr: float = 1.0, **kw: object
+) -> mm.MatmulSweep:
+    rows = [{"n": n, "time (ms)": t, "IQR (%)": iqr} for n, t in times.items()]
+    return mm.MatmulSweep(param="n", rows=rows, device=device, **kw)
+
+
+def test_speedup_joins_on_n_and_takes_the_faster_cpu_configuration(monkeypatch, fake_gpu) -> None:  # noqa: ANN001
     fake_gpu("h100_sxm")
-    sweeps = {"cpu": cpu, "cuda": gpu}
-    monkeypatch.setattr(mm, "run_matmul_sweep", lambda sizes, dtype, device: sweeps[str(device)])
+    gpu = sweep_of("cuda:0", {16: 4.0, 32: 0.5, 64: 1.0}, skipped=["n=128: over the budget"])
+    every = sweep_of("cpu", {16: 2.0, 32: 8.0}, skipped=["n=64: over the budget"])
+    one = sweep_of("cpu", {16: 1.0, 32: 16.0})
+    calls = []
+
+    def fake_sweep(sizes, dtype, device, num_threads=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append((str(device), num_threads))
+        return {"cuda": gpu, "cpu": one if num_threads == 1 else every}[str(device)]
+
+    monkeypatch.setattr(mm, "run_matmul_sweep", fake_sweep)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
     both = mm.run_speedup([16, 32, 64], device="cuda")
+    assert calls == [("cuda", None), ("cpu", None), ("cpu", 1)]
     assert both.column("n") == [16, 32]
-    assert both.column("speed-up") == [0.5, 16.0]
+    assert both.column("CPU (ms)") == [1.0, 8.0] and both.column("CPU threads") == [1, 6]
+    assert both.column("speed-up") == [0.25, 16.0]
     assert both.column("cuda:0 (ms)") == [4.0, 0.5]
     assert both.device == "cpu vs cuda:0" and len(both.skipped) == 2
     assert isinstance(mm.plot_speedup(both), Figure)
+
+
+def test_run_speedup_on_a_fake_h100_runs_its_gpu_branch(monkeypatch, fake_gpu) -> None:  # noqa: ANN001
+    """End to end on the fake GPU: kernels replaced by CPU work, NVML and events faked."""
+    fake_gpu("h100_sxm")
+    for name in ("randn", "ones"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(
+            torch, name, lambda *size, device=None, dtype=None, _r=real: _r(*size, dtype=dtype)
+        )
+    result = mm.run_speedup([16, 32], "fp32", "cuda", **FAST)
+    assert result.column("n") == [16, 32] and "note" in result.rows[0]
+    assert set(result.column("CPU threads")) <= {1, torch.get_num_threads()}
+    assert result.machine is not None and str(result.machine).startswith("machine: ")
+    assert str(result).splitlines()[-1] == str(result.machine)
+    assert (
+        mm.speedup_verdict(result).splitlines()[-1].startswith("relative to this CPU configuration")
+    )
+
+
+#: Chapter 1 cell 20 on the H100 run of 2026-11-26 (6 CPU threads, shared GPU): the CPU's
+#: 8 ms scheduling floor at n = 64..512; IQRs were not printed, 1% here.
+H100_ROWS = {
+    64: (7.997, 0.01432),
+    128: (7.994, 0.0136),
+    256: (7.996, 0.01792),
+    512: (7.994, 0.02752),
+    1024: (16.73, 0.122),
+    2048: (72.63, 0.7),
+    4096: (459.3, 5.189),
+}
+
+
+def speedup_rows(data: dict[int, tuple[float, float]], iqr: float = 1.0) -> list[dict]:
+    return [
+        {
+            "n": n,
+            "CPU (ms)": c,
+            "CPU IQR (%)": iqr,
+            "CPU threads": 6,
+            "cuda:0 (ms)": g,
+            "cuda:0 IQR (%)": iqr,
+            "speed-up": c / g,
+            "note": "",
+        }
+        for n, (c, g) in data.items()
+    ]
+
+
+def test_flat_cpu_rows_are_flagged_as_a_floor() -> None:
+    notes = mm.cpu_floor_notes(speedup_rows(H100_ROWS))
+    assert sorted(notes) == [64, 128, 256, 512]
+    assert notes[64] == notes[512] and "not a measurement of the matmul" in notes[512]
+    assert "stayed flat (7.994-7.997 ms) from n=64 to n=512 while the FLOPs grew 512x" in notes[64]
+    quiet = {64: (0.007986, 0.01369), 128: (0.01428, 0.01385), 256: (0.07418, 0.01807)}
+    assert mm.cpu_floor_notes(speedup_rows(quiet)) == {}  # bench-ch01: the time grows
+    two_runs = {16: (1.0, 1.0), 32: (1.0, 1.0), 64: (5.0, 1.0), 128: (40.0, 1.0), 256: (40.0, 1.0)}
+    runs = mm.cpu_floor_notes(speedup_rows(two_runs))
+    assert sorted(runs) == [16, 32, 128, 256] and runs[16] != runs[128]
+
+
+QUIET = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(0), 0.0, 1.0)
+SHARED = MachineState("cuda:0", 6, 6, 16, 9.0, GpuTenants(2, 2**30), 4.0, 1.0)
+
+
+def verdict_for(data: dict, machine: MachineState | None, iqr: float = 1.0) -> str:
+    rows = speedup_rows(data, iqr)
+    return mm.speedup_verdict(
+        mm.MatmulSweep(param="n", rows=rows, compares_devices=True, machine=machine)
+    )
+
+
+def test_the_speedup_verdict_leaves_the_floor_out_and_states_the_tables_ratio() -> None:
+    """Finding 7: cell 20 printed 'the GPU wins from n=64; at best 588.0x, at n=128'."""
+    text = verdict_for(H100_ROWS, QUIET)
+    first = text.splitlines()[0]
+    assert first.startswith("largest speed-up, at n=1024: here, cuda:0 was 137.13x faster than CPU")
+    assert float(re.findall(r"(\d+\.\d+)x", first)[0]) == pytest.approx(16.73 / 0.122, abs=0.005)
+    assert "cuda:0 faster beyond the spreads from n=1024 on" in text
+    assert "not counted, n = 64, 128, 256, 512: the CPU time stayed flat" in text
+    assert "588" not in text
+    assert (
+        "relative to this CPU configuration (the faster of 6 thread(s) per n; machine: quiet"
+        in text
+    )
+
+
+def test_on_a_busy_machine_the_speedup_is_not_concluded() -> None:
+    text = verdict_for(H100_ROWS, SHARED)
+    assert text.splitlines()[0].startswith("largest speed-up, at n=1024: inconclusive, GPU shared")
+    assert "no break-even called: GPU shared with 2 other compute process(es)" in text
+    assert "machine: BUSY" in text
+
+
+def test_a_gpu_slower_at_small_n_breaks_even_later() -> None:
+    data = {
+        64: (0.007986, 0.01369),
+        128: (0.01428, 0.01385),
+        256: (0.07418, 0.01807),
+        512: (0.4658, 0.01792),
+    }
+    text = verdict_for(data, QUIET, iqr=2.0)
+    assert "faster beyond the spreads from n=256 on" in text  # 128: 1.03x, within the 4% spreads
+
+
+def test_a_gpu_slower_at_the_largest_n_has_no_break_even() -> None:
+    data = {64: (0.01, 0.02), 128: (0.04, 0.01), 256: (0.16, 0.2)}
+    text = verdict_for(data, QUIET)
+    assert "cuda:0 was not faster beyond the spreads at every size from some n on" in text
+    assert (
+        text.splitlines()[0] == "largest speed-up, at n=128: here, cuda:0 was 4.00x faster than CPU"
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_speedup_verdicts_ratio_is_the_tables(seed: int) -> None:
+    rnd = random.Random(seed)
+    data, cpu = {}, rnd.uniform(0.001, 0.01)
+    for n in (64, 128, 256, 512, 1024):
+        cpu *= rnd.uniform(2.5, 8.0)  # grows with n: no floor
+        data[n] = (cpu, rnd.uniform(0.01, 5.0))
+    rows = speedup_rows(data, iqr=rnd.uniform(0.0, 10.0))
+    first = mm.speedup_verdict(mm.MatmulSweep(param="n", rows=rows, machine=QUIET)).splitlines()[0]
+    n = int(re.search(r"at n=(\d+)", first).group(1))
+    top = max(rows, key=lambda r: r["speed-up"])
+    assert n == top["n"]
+    ratio = top["speed-up"]
+    shown = ratio if ("too close" in first or ratio >= 1) else 1 / ratio
+    assert float(re.findall(r"(\d+\.\d+)x", first)[0]) == pytest.approx(shown, abs=0.006)
+
+
+def test_timing_pair_verdict_reads_both_timings_from_the_row() -> None:
+    row = {
+        "n": 1024,
+        "1 thread (ms)": 17.79,
+        "1 thread IQR (%)": 1.0,
+        "6 threads (ms)": 27.98,
+        "6 threads IQR (%)": 1.0,
+    }
+    verdict = mm.timing_pair_verdict(row, "6 threads", "1 thread", QUIET)
+    assert verdict == "here, 1 thread was 1.57x faster than 6 threads" and verdict.conclusive
+    busy = mm.timing_pair_verdict(row, "6 threads", "1 thread", SHARED)
+    assert busy.startswith("inconclusive, GPU shared") and not busy.conclusive
+
+
+def test_no_rows_no_speedup_verdict() -> None:
+    assert "no speed-up" in mm.speedup_verdict(mm.MatmulSweep(param="n"))
+
+
+def test_a_sweep_on_one_thread_says_so_and_restores_the_count() -> None:
+    before = torch.get_num_threads()
+    result = mm.run_matmul_sweep([32], "fp32", "cpu", num_threads=1, **FAST)
+    assert result.machine is not None and result.machine.torch_threads == 1
+    assert "torch 1 thread(s)" in str(result).splitlines()[-1]
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="num_threads"):
+        mm.run_matmul_sweep([32], "fp32", "cpu", num_threads=0, **FAST)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
