@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers.devices import resolve_device, synchronize
 from helpers.loops import time_once
+from helpers.machine_state import MachineState
 
 INPUT, LAUNCH, SYNC, COMPUTE = "input-bound", "launch/overhead-bound", "sync-bound", "compute-bound"
 
@@ -165,9 +166,14 @@ class Diagnosis:
     verdict: str
     reason: str
     ratios: dict[str, float | None]
+    #: What else the machine was doing while the profile ran; a busy one makes it inconclusive.
+    machine: MachineState | None = None
 
     def __str__(self) -> str:
-        return f"{self.verdict}: {self.reason}"
+        text = f"{self.verdict}: {self.reason}"
+        if self.machine is not None and not self.machine.quiet:
+            return f"inconclusive, {self.machine.caveat()}; measured: {text}"
+        return text
 
 
 def diagnose(
@@ -177,8 +183,9 @@ def diagnose(
     *,
     threshold: float = 0.3,
     busy_threshold: float = 0.7,
+    machine: MachineState | None = None,
 ) -> Diagnosis:
-    """Classify a profiled run from simple ratios of its ProfileSummary (chapter 6)."""
+    """Classify a profiled run from simple ratios of its ProfileSummary; `machine`: the state it ran in (chapter 6)."""
     if summary.step_s <= 0:
         raise ValueError("The profile's steps took no time; profile more (or bigger) steps.")
     step = summary.step_s
@@ -211,7 +218,7 @@ def diagnose(
             LAUNCH,
             f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
         )
-    return Diagnosis(*why, ratios)
+    return Diagnosis(*why, ratios, machine)
 
 
 def _annotation(row: object, cpu_keys: set[str]) -> bool:

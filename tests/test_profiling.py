@@ -296,3 +296,17 @@ def test_labels_whose_kernels_another_thread_launched() -> None:
     assert labels_launched_elsewhere(prof, labels) == {"backward"}
     real = profile_steps(labelled_step, "cpu", wait=0, warmup=1, active=2)
     assert labels_launched_elsewhere(real, labels) == set()  # no kernels on a CPU
+
+
+def test_a_diagnosis_on_a_busy_machine_says_so() -> None:
+    """Issue 24 item 5: a verdict measured on a shared GPU or a loaded CPU does not conclude."""
+    from helpers.machine_state import GpuTenants, MachineState
+
+    summary = ProfileSummary(steps=2, step_s=1e-3, labels_s={"data": 0.6e-3}, ops=10)
+    quiet = MachineState("cpu", 2, 2, 2, 0.5, GpuTenants(None, note="not read on cpu"), 0.0, 1.0)
+    loaded = MachineState("cpu", 2, 2, 2, 6.0, GpuTenants(None, note="not read on cpu"), 1.8, 1.0)
+    assert str(diagnose(summary, machine=quiet)).startswith("input-bound: 60%")
+    busy = diagnose(summary, machine=loaded)
+    assert busy.verdict == INPUT and busy.machine is loaded
+    assert str(busy).startswith("inconclusive, CPU loaded (other processes kept 1.8 cores busy")
+    assert str(busy).endswith("measured: input-bound: 60% of each step is spent getting the batch")
