@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import statistics
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,14 +17,21 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
+from helpers.machine_state import MachineState, merge_states
 from helpers.models import make_mlp
+from helpers.tables import format_table
 from helpers.timing import benchmark
+from helpers.units import Printed
 from helpers.validate import positive_int
+from helpers.verdicts import Verdict, compare_rows
 
+#: The fixes in the order the table adds them. The per-step .item() comes after the resident
+#: fix: until then every step also copies its batch from pageable memory with a blocking
+#: .to(device), so removing the .item() could not let the CPU run ahead of the GPU.
 FIX_NAMES = {
-    "no_sync": "no per-step .item() + print",
     "preprocess_once": "preprocess once, vectorised",
     "resident": "resident tensors, no DataLoader",
+    "no_sync": "no per-step .item() + print",
     "big_batch": "bigger batch (changes the math)",
 }
 
@@ -173,49 +182,130 @@ def same_result(a: RunResult, b: RunResult, atol: float = 1e-6) -> bool:
     )
 
 
-def time_variant(
-    cs: CaseStudy, device: str | torch.device, min_run_time: float = 0.3, **fixes: bool
-) -> tuple[float, RunResult]:
-    """Median seconds per epoch of one variant (helpers.timing.benchmark) and the result it computed (chapter 6)."""
+def _check_fixes(fixes: dict[str, bool]) -> None:
+    """A clear error for a fix the case study does not have (chapter 6)."""
     if unknown := set(fixes) - set(FIX_NAMES):
         raise ValueError(f"Unknown fix(es) {sorted(unknown)}; choose from {sorted(FIX_NAMES)}.")
-    results: list[RunResult] = []
-    timing = benchmark(
-        lambda: results.append(train(cs, device, **fixes)),
-        device=device,
-        warmup=1,
-        min_run_time=min_run_time,
-        min_repeats=3,
-    )
-    return timing.median / len(cs.perms), results[0]
+
+
+@dataclass(repr=False)
+class VariantTiming:
+    """One variant's seconds per epoch, one reading per round, what it computed and the machine's state (chapter 6)."""
+
+    name: str
+    fixes: dict[str, bool]
+    seconds: list[float]
+    result: RunResult
+    machine: MachineState | None
+
+    @property
+    def median(self) -> float:
+        """Median seconds per epoch over the rounds (chapter 6)."""
+        return statistics.median(self.seconds)
+
+    @property
+    def iqr(self) -> float:
+        """Interquartile range of the rounds' seconds per epoch; 0 for one round (chapter 6)."""
+        if len(self.seconds) < 2:
+            return 0.0
+        q = statistics.quantiles(self.seconds, n=4, method="inclusive")
+        return q[2] - q[0]
+
+
+def time_interleaved(
+    cs: CaseStudy,
+    device: str | torch.device,
+    variants: list[tuple[str, dict[str, bool]]],
+    rounds: int = 5,
+    min_run_time: float = 0.05,
+) -> list[VariantTiming]:
+    """Time the variants in interleaved rounds: each round runs each once, in a rotating order (chapter 6).
+
+    A machine whose load changes during the table slows every variant alike, instead of
+    whichever ran while it was busy. One untimed run of each variant first warms it up and
+    gives the result it computes. Each reading is helpers.timing.benchmark of whole runs.
+    """
+    rounds = positive_int(rounds, "rounds")
+    for _, fixes in variants:
+        _check_fixes(fixes)
+    results = [train(cs, device, **fixes) for _, fixes in variants]
+    seconds: list[list[float]] = [[] for _ in variants]
+    states: list[list[MachineState]] = [[] for _ in variants]
+    for r in range(rounds):
+        for i in (j % len(variants) for j in range(r, r + len(variants))):
+            fixes = variants[i][1]
+            timing = benchmark(
+                train, cs, device, device=device, warmup=0, min_run_time=min_run_time,
+                min_repeats=1, **fixes,
+            )  # fmt: skip
+            seconds[i].append(timing.median / len(cs.perms))
+            states[i].append(timing.machine)
+    return [
+        VariantTiming(name, fixes, seconds[i], results[i], merge_states(states[i]))
+        for i, (name, fixes) in enumerate(variants)
+    ]
+
+
+def _row(
+    timing: VariantTiming, slow: VariantTiming, previous: VariantTiming, cs: CaseStudy
+) -> dict:
+    """One row of the case-study table (chapter 6)."""
+    result = timing.result
+    if timing.fixes.get("big_batch"):
+        same = f"different math (batch {cs.big_batch_size}, {result.steps} steps)"
+    else:
+        same = "yes" if same_result(result, slow.result) else "NO"
+    return {
+        "variant": timing.name,
+        "ms per epoch": timing.median * 1e3,
+        "IQR (ms)": timing.iqr * 1e3,
+        "speed-up vs previous": previous.median / timing.median,
+        "speed-up vs slow": slow.median / timing.median,
+        "final loss": result.epoch_losses[-1],
+        "max |Δ param|": (result.params - slow.result.params).abs().max().item(),
+        "same result as slow": same,
+    }
+
+
+@dataclass(repr=False)
+class CaseStudyTable(Printed):
+    """The case-study rows, the machine's state for each, and verdicts read from the rows (chapter 6)."""
+
+    rows: list[dict[str, object]]
+    states: list[MachineState | None]
+    rounds: int
+
+    @property
+    def machine(self) -> MachineState | None:
+        """The busiest state seen while any row was timed (chapter 6)."""
+        return merge_states([s for s in self.states if s is not None])
+
+    def compare(self, a: int, b: int) -> Verdict:
+        """Row `a` against row `b` (indices), read from the rows by compare_rows (chapter 6)."""
+        rows, states = self.rows, [s for s in (self.states[a], self.states[b]) if s is not None]
+        return compare_rows(
+            rows, "variant", rows[a]["variant"], rows[b]["variant"], "ms per epoch",
+            iqr="IQR (ms)", machine=states or None,
+        )  # fmt: skip
+
+    def verdicts(self) -> list[Verdict]:
+        """Each row against the row before it: the ratio is the 'speed-up vs previous' column (chapter 6)."""
+        return [self.compare(i, i - 1) for i in range(1, len(self.rows))]
+
+    def __str__(self) -> str:
+        return (
+            f"{format_table(self.rows)}\n"
+            f"median and IQR of {self.rounds} interleaved rounds; {self.machine or 'machine: unknown'}"
+        )
 
 
 def case_study_table(
-    cs: CaseStudy, device: str | torch.device = "cpu", min_run_time: float = 0.3
-) -> list[dict[str, object]]:
-    """Time every cumulative variant, with its speed-up and whether it computes what the slow loop does (chapter 6)."""
-    rows: list[dict[str, object]] = []
-    for name, fixes in VARIANTS:
-        seconds, result = time_variant(cs, device, min_run_time, **fixes)
-        if not rows:  # VARIANTS[0], the slow loop
-            slow_s, slow, previous = seconds, result, seconds
-        if fixes.get("big_batch"):
-            same = f"different math (batch {cs.big_batch_size}, {result.steps} steps)"
-        else:
-            same = "yes" if same_result(result, slow) else "NO"
-        rows.append(
-            {
-                "variant": name,
-                "ms per epoch": seconds * 1e3,
-                "speed-up vs previous": previous / seconds,
-                "speed-up vs slow": slow_s / seconds,
-                "final loss": result.epoch_losses[-1],
-                "max |Δ param|": (result.params - slow.params).abs().max().item(),
-                "same result as slow": same,
-            }
-        )
-        previous = seconds
-    return rows
+    cs: CaseStudy, device: str | torch.device = "cpu", rounds: int = 5, min_run_time: float = 0.05
+) -> CaseStudyTable:
+    """Time every cumulative variant in interleaved rounds; speed-ups, spreads, same-result checks (chapter 6)."""
+    timings = time_interleaved(cs, device, VARIANTS, rounds, min_run_time)
+    rows = [_row(t, timings[0], timings[max(i - 1, 0)], cs) for i, t in enumerate(timings)]
+    return CaseStudyTable(rows, [t.machine for t in timings], rounds)
 
 
 def plot_case_study(rows: list[dict[str, object]]) -> Figure:
@@ -242,30 +332,40 @@ def run_fixes(
     big_batch: bool = False,
     n_samples: int = 2048,
     device: str | torch.device = "cpu",
+    rounds: int = 3,
 ) -> dict[str, object]:
-    """Widget run: time the slow loop and the loop with the chosen fixes; compare their results (chapter 6)."""
+    """Widget run: the slow loop and the chosen fixes in interleaved rounds, a verdict, same result? (chapter 6)."""
     cs = make_case_study(n_samples=n_samples)
-    fixes = {"no_sync": no_sync, "preprocess_once": preprocess_once, "resident": resident}
-    fixes["big_batch"] = big_batch
-    slow_s, slow = time_variant(cs, device, min_run_time=0.2)
-    fixed_s, fixed = time_variant(cs, device, min_run_time=0.2, **fixes)
+    fixes = {"preprocess_once": preprocess_once, "resident": resident, "no_sync": no_sync}
+    fixes["big_batch"] = big_batch  # the keys in the table's order (FIX_NAMES)
+    variants = [("slow loop", {}), ("chosen fixes", fixes)]
+    slow, fixed = time_interleaved(cs, device, variants, rounds, min_run_time=0.02)
+    rows = [
+        {"variant": t.name, "ms": t.median * 1e3, "IQR (ms)": t.iqr * 1e3} for t in (slow, fixed)
+    ]
+    states = [s for s in (slow.machine, fixed.machine) if s is not None]
+    verdict = compare_rows(
+        rows, "variant", "chosen fixes", "slow loop", "ms", iqr="IQR (ms)", machine=states or None
+    )
     return {
         "chosen": [FIX_NAMES[k] for k, on in fixes.items() if on],
-        "slow s": slow_s,
-        "fixed s": fixed_s,
-        "speed-up": slow_s / fixed_s,
-        "same result": None if big_batch else same_result(fixed, slow),
+        "slow s": slow.median,
+        "fixed s": fixed.median,
+        "speed-up": slow.median / fixed.median,
+        "verdict": verdict,
+        "same result": None if big_batch else same_result(fixed.result, slow.result),
     }
 
 
 def plot_fixes(result: dict[str, object]) -> Figure:
-    """Widget plot: two bars, the slow loop and the chosen fixes, with the speed-up (chapter 6)."""
+    """Widget plot: two bars, the slow loop and the chosen fixes, with the verdict (chapter 6)."""
     ms = [float(result["slow s"]) * 1e3, float(result["fixed s"]) * 1e3]
     label = "\n".join(result["chosen"]) or "no fixes"
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.bar(["slow loop", label], ms, color=["tab:red", "tab:green"])
     verdicts = {None: "changes the math", True: "same result", False: "DIFFERENT result"}
-    ax.set_title(f"{result['speed-up']:.1f}x faster; {verdicts[result['same result']]}")
+    title = f"{result['verdict']}; {verdicts[result['same result']]}"
+    ax.set_title(textwrap.fill(title, 70), fontsize=9)
     ax.set_ylabel("ms per epoch (median)")
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.devices import native_bf16, resolve_device
 from helpers.dtypes import dtype_name, parse_dtype
+from helpers.machine_state import MachineState
 from helpers.matmul import achievable_rate, matmul_peak_flops, tf32_available, tf32_enabled
 from helpers.timing import benchmark
 from helpers.units import Printed, format_seconds
@@ -95,6 +96,8 @@ class MfuResult(Printed):
     seconds: float
     peak: Peak
     achievable: Peak | None = None
+    #: What else the machine was doing while the step was timed (helpers.machine_state).
+    machine: MachineState | None = None
 
     @property
     def achieved(self) -> float:
@@ -120,6 +123,8 @@ class MfuResult(Printed):
                 if self.peak.measured
                 else "Check the peak for this GPU and dtype (is TF32 or another dtype in use?)."
             )
+        if self.machine is not None:
+            text += f"\n{self.machine}"
         return text
 
 
@@ -139,8 +144,9 @@ def measure_mfu(
             "FlopCounterMode counted no FLOPs in this step: it counts matmuls, convolutions and "
             "attention only, so a step without them has no MFU."
         )
-    seconds = benchmark(step, device=device, warmup=1, min_run_time=min_run_time, min_repeats=3)
-    return MfuResult(flops, seconds.median, peak or reference_peak(device), achievable)
+    timing = benchmark(step, device=device, warmup=1, min_run_time=min_run_time, min_repeats=3)
+    peak = peak or reference_peak(device)
+    return MfuResult(flops, timing.median, peak, achievable, timing.machine)
 
 
 def achievable_peak(

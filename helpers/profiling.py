@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers.devices import resolve_device, synchronize
 from helpers.loops import time_once
+from helpers.machine_state import MachineState
 
 INPUT, LAUNCH, SYNC, COMPUTE = "input-bound", "launch/overhead-bound", "sync-bound", "compute-bound"
 
@@ -165,9 +166,14 @@ class Diagnosis:
     verdict: str
     reason: str
     ratios: dict[str, float | None]
+    #: What else the machine was doing while the profile ran; a busy one makes it inconclusive.
+    machine: MachineState | None = None
 
     def __str__(self) -> str:
-        return f"{self.verdict}: {self.reason}"
+        text = f"{self.verdict}: {self.reason}"
+        if self.machine is not None and not self.machine.quiet:
+            return f"inconclusive, {self.machine.caveat()}; measured: {text}"
+        return text
 
 
 def diagnose(
@@ -177,8 +183,9 @@ def diagnose(
     *,
     threshold: float = 0.3,
     busy_threshold: float = 0.7,
+    machine: MachineState | None = None,
 ) -> Diagnosis:
-    """Classify a profiled run from simple ratios of its ProfileSummary (chapter 6)."""
+    """Classify a profiled run from simple ratios of its ProfileSummary; `machine`: the state it ran in (chapter 6)."""
     if summary.step_s <= 0:
         raise ValueError("The profile's steps took no time; profile more (or bigger) steps.")
     step = summary.step_s
@@ -211,29 +218,70 @@ def diagnose(
             LAUNCH,
             f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
         )
-    return Diagnosis(*why, ratios)
+    return Diagnosis(*why, ratios, machine)
+
+
+def _annotation(row: object, cpu_keys: set[str]) -> bool:
+    """A range mirrored onto the device's timeline (a label, ProfilerStep, an optimizer step), not a kernel (chapter 6)."""
+    return (
+        bool(getattr(row, "is_user_annotation", False))
+        or row.key.startswith(("ProfilerStep", "Optimizer."))
+        or row.key == FLUSH_LABEL
+        or row.key in cpu_keys  # a label has a CPU row of its name too; a kernel never does
+    )
 
 
 def matmul_share(prof: profile, device: str | torch.device, also: tuple[str, ...] = ()) -> float:
-    """Fraction of the profile's self time in matrix products (and names containing an `also` word): GPU kernels on CUDA, aten ops elsewhere (chapter 6)."""
+    """Fraction of the profile's self time in matrix products (and names containing an `also` word): GPU kernels on CUDA, aten ops elsewhere (chapter 6).
+
+    On CUDA only kernel rows count: annotation rows (record_function labels, ``ProfilerStep*``,
+    ``Optimizer.step#AdamW.step``) are spans of the timeline whose kernels already have their
+    own rows, so counting them as well would count those kernels twice (chapter 6, section 2).
+    On a CPU every self-time microsecond is counted once; only ``ProfilerStep*`` and
+    profile_steps' final sync are left out there.
+    """
     on_gpu = resolve_device(device).type == "cuda"
-    rows = [
-        r
-        for r in prof.key_averages()
-        if (r.device_type != DeviceType.CPU) == on_gpu
-        and not r.key.startswith("ProfilerStep")
-        and r.key != FLUSH_LABEL
-    ]
+    averages = list(prof.key_averages())
+    cpu_keys = {r.key for r in averages if r.device_type == DeviceType.CPU}
     if on_gpu:
-        times = {r.key: r.self_device_time_total for r in rows}
+        rows = [r for r in averages if r.device_type != DeviceType.CPU]
+        times = {r.key: r.self_device_time_total for r in rows if not _annotation(r, cpu_keys)}
         is_matmul = {k: any(p in k.lower() for p in MATMUL_KERNELS + also) for k in times}
     else:
-        times = {r.key: r.self_cpu_time_total for r in rows}
+        times = {
+            r.key: r.self_cpu_time_total
+            for r in averages
+            if r.device_type == DeviceType.CPU
+            and not r.key.startswith("ProfilerStep")
+            and r.key != FLUSH_LABEL
+        }
         is_matmul = {k: k in MATMUL_OPS or any(p in k.lower() for p in also) for k in times}
     total = sum(times.values())
     if total <= 0:
         raise ValueError("The profile recorded no time on this device: profile some steps first.")
     return sum(t for k, t in times.items() if is_matmul[k]) / total
+
+
+def labels_launched_elsewhere(prof: profile, labels: tuple[str, ...]) -> set[str]:
+    """The labels whose kernels were mostly launched from another thread than the label's, e.g. autograd's (chapter 6).
+
+    On CUDA, ``loss.backward()`` runs on autograd's own thread for the device: the main
+    thread's ``backward`` label only waits, so its span on the GPU's timeline holds almost none
+    of the backward's kernels. Each CPU op knows the kernels it launched (``event.kernels``);
+    this compares those launched inside each label's time on its own thread and on others.
+    """
+    events = prof.events()
+    launchers = [e for e in events if e.device_type == DeviceType.CPU and e.kernels]
+    found: set[str] = set()
+    for label in (e for e in events if e.device_type == DeviceType.CPU and e.name in labels):
+        start, end = label.time_range.start, label.time_range.end
+        launched = {True: 0.0, False: 0.0}  # kernel time launched on the label's thread, elsewhere
+        for e in launchers:
+            if start <= e.time_range.start and e.time_range.end <= end:
+                launched[e.thread == label.thread] += sum(k.duration for k in e.kernels)
+        if launched[False] > launched[True]:
+            found.add(label.name)
+    return found
 
 
 class ToyAsyncDevice:

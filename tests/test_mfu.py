@@ -119,6 +119,9 @@ def test_measure_mfu_end_to_end() -> None:
     result = measure_mfu(step, "cpu", Peak(1e12, "test", True), min_run_time=0.05)
     assert result.flops == expected and result.seconds > 0
     assert 0 < result.mfu and math.isfinite(result.mfu)
+    # the machine's state over the timed window comes with the MFU, and is printed with it
+    assert result.machine is not None and result.machine.device == "cpu"
+    assert str(result).splitlines()[-1] == str(result.machine)
 
 
 def test_measure_mfu_without_flops_explains() -> None:

@@ -214,3 +214,99 @@ def test_matmul_share_counts_fused_attention_when_asked() -> None:
     )  # fmt: skip
     alone = matmul_share(sdpa, "cpu")
     assert matmul_share(sdpa, "cpu", also=("attention",)) > max(alone, 0.5)
+
+
+def fake_averages(*rows: tuple) -> object:
+    """A profile whose key_averages() are the given (key, device, self time µs, annotation?) rows."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    made = []
+    for key, device, us, *flag in rows:
+        row = SimpleNamespace(key=key, device_type=device)
+        on_cpu = device == DeviceType.CPU
+        row.self_cpu_time_total, row.self_device_time_total = (us, 0) if on_cpu else (0, us)
+        if flag:  # torch before 2.4 has no is_user_annotation on the averages
+            row.is_user_annotation = flag[0]
+        made.append(row)
+    return SimpleNamespace(key_averages=lambda: made)
+
+
+def test_matmul_share_leaves_annotation_rows_out_on_a_gpu(fake_gpu) -> None:
+    """Capstone finding 3: `Optimizer.step#AdamW.step` and labels are spans, not kernels.
+
+    Kernels: 600 µs of gemm, 400 µs of elementwise work, so the share is 60%. The spans of
+    the optimizer step and the `forward` label count those kernels again; the old code left
+    out only ProfilerStep* and added the spans to the denominator (600 / 2214 = 27%)."""
+    from torch.autograd import DeviceType
+
+    from helpers.profiling import matmul_share
+
+    fake_gpu("h100_sxm")
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    prof = fake_averages(
+        ("ProfilerStep*", cpu, 2500, True),
+        ("forward", cpu, 40, True),
+        ("Optimizer.step#AdamW.step", cpu, 300, True),
+        ("aten::mm", cpu, 120),
+        ("aten::add_", cpu, 80),
+        ("ProfilerStep*", gpu, 1700, True),
+        ("forward", gpu, 900),  # a label's span, from a torch without is_user_annotation
+        ("Optimizer.step#AdamW.step", gpu, 314, True),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", gpu, 500),
+        ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN", gpu, 100),
+        ("void at::native::vectorized_elementwise_kernel<4, ...>", gpu, 400),
+    )
+    assert matmul_share(prof, "cuda") == pytest.approx(0.6)
+    # On a CPU every self-time microsecond is counted once: only ProfilerStep* is left out.
+    assert matmul_share(prof, "cpu") == pytest.approx(120 / (40 + 300 + 120 + 80))
+    only_spans = fake_averages(("forward", cpu, 40, True), ("forward", gpu, 900, True))
+    with pytest.raises(ValueError, match="recorded no time on this device"):
+        matmul_share(only_spans, "cuda")  # spans alone are no kernel time
+
+
+def test_labels_whose_kernels_another_thread_launched() -> None:
+    """Finding 18: on CUDA the backward's kernels come from autograd's thread, not the label's."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from helpers.profiling import labels_launched_elsewhere
+
+    def op(name: str, thread: int, start: float, end: float, kernel_us: float = 0.0):
+        e = FunctionEvent(0, name, thread, start, end, device_type=DeviceType.CPU)
+        if kernel_us:
+            e.append_kernel(f"{name} kernel", 0, kernel_us)
+        return e
+
+    main, autograd = 1, 2
+    events = [
+        op("forward", main, 0, 100),
+        op("aten::addmm", main, 10, 20, kernel_us=40),
+        op("backward", main, 100, 200),
+        op("aten::fill_", main, 101, 102, kernel_us=1),  # the loss's gradient seed
+        op("aten::mm", autograd, 110, 120, kernel_us=50),
+        op("aten::mm", autograd, 121, 130, kernel_us=50),
+        op("optimizer", main, 200, 260),
+        op("aten::_foreach_add_", main, 210, 220, kernel_us=30),
+        op("aten::mm", autograd, 300, 310, kernel_us=50),  # outside every label
+    ]
+    prof = type("FakeProfile", (), {"events": lambda self: events})()
+    labels = ("data", "forward", "backward", "optimizer")
+    assert labels_launched_elsewhere(prof, labels) == {"backward"}
+    real = profile_steps(labelled_step, "cpu", wait=0, warmup=1, active=2)
+    assert labels_launched_elsewhere(real, labels) == set()  # no kernels on a CPU
+
+
+def test_a_diagnosis_on_a_busy_machine_says_so() -> None:
+    """Issue 24 item 5: a verdict measured on a shared GPU or a loaded CPU does not conclude."""
+    from helpers.machine_state import GpuTenants, MachineState
+
+    summary = ProfileSummary(steps=2, step_s=1e-3, labels_s={"data": 0.6e-3}, ops=10)
+    quiet = MachineState("cpu", 2, 2, 2, 0.5, GpuTenants(None, note="not read on cpu"), 0.0, 1.0)
+    loaded = MachineState("cpu", 2, 2, 2, 6.0, GpuTenants(None, note="not read on cpu"), 1.8, 1.0)
+    assert str(diagnose(summary, machine=quiet)).startswith("input-bound: 60%")
+    busy = diagnose(summary, machine=loaded)
+    assert busy.verdict == INPUT and busy.machine is loaded
+    assert str(busy).startswith("inconclusive, CPU loaded (other processes kept 1.8 cores busy")
+    assert str(busy).endswith("measured: input-bound: 60% of each step is spent getting the batch")
