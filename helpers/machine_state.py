@@ -103,9 +103,13 @@ def _busy_seconds() -> float:
 
 
 def _own_seconds() -> float:
-    """CPU seconds this process (every thread) has used so far (chapter 1)."""
+    """CPU seconds this process (every thread) and its finished children have used (chapter 1).
+
+    Children count once they are waited for, so a watch around a whole launch (chapter 4's
+    torchrun ranks) counts the ranks' work as this job's, not as another process's load.
+    """
     t = psutil.Process().cpu_times()
-    return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system
 
 
 @dataclass(repr=False)

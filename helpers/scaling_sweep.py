@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from helpers.launch import as_flags, check_backend, check_nproc, launch, new_run_dir, read_results
+from helpers.machine_state import MachineState, MachineWatch
 from helpers.sweeps import SweepResult
 from helpers.validate import positive_int
 
@@ -22,12 +23,15 @@ class ScalingResult(SweepResult):
 
     startup_s: float = float("nan")
     launch_s: float = float("nan")
+    #: What else the machine was doing during the launch (the ranks' own work excluded).
+    machine: MachineState | None = None
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{super().__str__()}\none launch of {max(self.column('processes'), default=0)} "
             f"rank(s): {self.startup_s:.1f} s of start-up in {self.launch_s:.1f} s"
         )
+        return text if self.machine is None else f"{text}\n{self.machine}"
 
 
 def scaling_point(
@@ -44,7 +48,7 @@ def scaling_point(
     """One launch of scaling.py: step time and throughput at `nproc` ranks, `threads` each (chapter 4)."""
     size = {"per_rank_batch": per_rank_batch, "width": width, "steps": steps, "threads": threads}
     result = measure_scaling([nproc], backend=backend, timeout=timeout, mode=mode, **size)
-    return {**result.rows[0], "start-up s": result.startup_s}
+    return {**result.rows[0], "start-up s": result.startup_s, "machine": result.machine}
 
 
 def measure_scaling(
@@ -64,7 +68,10 @@ def measure_scaling(
     out = new_run_dir("scaling")
     args = ["--out", out, "--sizes", ",".join(str(k) for k in nprocs)]
     args += [*as_flags({"mode": "ddp", **size}), "--pg-timeout", timeout]  # left-out ranks' wait
-    res = launch("scaling", max(nprocs), args, backend=backend, threads=threads, timeout=timeout)
+    with MachineWatch("cuda" if backend == "nccl" else "cpu") as watch:
+        res = launch(
+            "scaling", max(nprocs), args, backend=backend, threads=threads, timeout=timeout
+        )
     rows = [
         {
             "processes": run["world_size"],
@@ -74,6 +81,7 @@ def measure_scaling(
             "global batch": run["global_batch"],
             "step ms": run["step_median_s"] * 1e3,
             "step IQR ms": run["step_iqr_s"] * 1e3,
+            "step spread": run["step_iqr_s"] / run["step_median_s"],
             "samples/s": run["samples_per_s"],
         }
         for run in read_results(out)[0]["runs"]
@@ -84,7 +92,9 @@ def measure_scaling(
         row["speed-up"] = row["samples/s"] / base
         row["efficiency"] = row["speed-up"] * base_n / row["processes"]
     startup = res.seconds_until() or float("nan")
-    return ScalingResult("processes", rows, startup_s=startup, launch_s=res.seconds)
+    return ScalingResult(
+        "processes", rows, startup_s=startup, launch_s=res.seconds, machine=watch.state
+    )
 
 
 def plot_scaling(result: SweepResult) -> Figure:

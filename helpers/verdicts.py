@@ -64,11 +64,17 @@ def compare_rows(
     value: str,
     *,
     iqr: str | None = None,
+    spread: str | None = None,
     higher_is_better: bool = False,
     better: str = "faster",
+    label: str = "{}",
     machine: MachineState | Sequence[MachineState] | None = None,
 ) -> Verdict:
-    """Which of rows `a` and `b` (named in column `key`) is better by `value`, beyond their IQRs (chapter 1)."""
+    """Which of rows `a` and `b` (named in column `key`) is better by `value`, beyond their spreads (chapter 1).
+
+    The spread of a row is its `iqr` column (absolute, in `value`'s units) or its `spread`
+    column (relative, a fraction); `label` formats a row's name in the text ("{} ranks").
+    """
     if a == b:
         raise ValueError(
             f"compare_rows compares two different rows; both are {key!r} = {a!r}. Name the two "
@@ -81,14 +87,21 @@ def compare_rows(
             f"Column {value!r} must be positive and finite to compare, got {va}, {vb}."
         )
     ratio = va / vb if higher_is_better else vb / va
-    noise = (_number(ra, iqr) / va + _number(rb, iqr) / vb) if iqr else 0.0
+    if iqr and spread:
+        raise ValueError("Give a row's spread as iqr= (absolute) or spread= (relative), not both.")
+    noise = 0.0
+    if iqr:
+        noise = _number(ra, iqr) / va + _number(rb, iqr) / vb
+    elif spread:
+        noise = _number(ra, spread) + _number(rb, spread)
     beyond = abs(ratio - 1) > noise
+    na, nb = label.format(a), label.format(b)
     if not beyond:
-        text = f"{a} vs {b}: too close to call ({ratio:.2f}x, spreads add up to {noise:.0%})"
+        text = f"{na} vs {nb}: too close to call ({ratio:.2f}x, spreads add up to {noise:.0%})"
     elif ratio > 1:
-        text = f"here, {a} was {ratio:.2f}x {better} than {b}"
+        text = f"here, {na} was {ratio:.2f}x {better} than {nb}"
     else:
-        text = f"here, {b} was {1 / ratio:.2f}x {better} than {a}"
+        text = f"here, {nb} was {1 / ratio:.2f}x {better} than {na}"
     state = _machine(machine)
     quiet = state is None or state.quiet
     if not quiet:

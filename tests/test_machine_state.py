@@ -143,3 +143,14 @@ def test_benchmark_on_a_shared_gpu_says_so(fake_gpu) -> None:  # noqa: ANN001
     gpu.nvml.processes = {0: [(4242, 1 * MiB)]}
     result = benchmark(lambda: time.sleep(0.001), device="cuda", min_run_time=0.05)
     assert result.method == "CUDA events" and result.machine.gpu_shared
+
+
+def test_finished_children_count_as_this_job_s_own_work() -> None:
+    import subprocess
+    import sys
+
+    before = ms._own_seconds()
+    busy = "import time\nwhile time.process_time() < 0.3: pass"  # 0.3 s of CPU, however loaded
+    subprocess.run([sys.executable, "-c", busy], check=True)
+    # 10 ms clock ticks: at least 0.28 s of the child's 0.3 s lands in this process's count
+    assert ms._own_seconds() - before >= 0.28  # so a watch does not call it another's load

@@ -97,3 +97,24 @@ def test_a_shared_gpu_gives_no_conclusion() -> None:
     verdict = compare_rows(rows, "loss.item() every", "tf32", "fp32", "ms/epoch", machine=[busy])
     assert verdict.startswith("inconclusive, GPU shared with 1 other compute process(es)")
     assert "tf32 was 6.89x faster than fp32" in verdict and not verdict.conclusive
+
+
+def test_a_relative_spread_column_and_a_label() -> None:
+    rows = [
+        {"processes": 1, "samples/s": 1000.0, "spread": 0.02},
+        {"processes": 2, "samples/s": 1500.0, "spread": 0.03},
+    ]
+    verdict = compare_rows(
+        rows,
+        "processes",
+        2,
+        1,
+        "samples/s",
+        spread="spread",
+        higher_is_better=True,
+        label="{} rank(s)",
+    )
+    assert verdict == "here, 2 rank(s) was 1.50x faster than 1 rank(s)"
+    assert verdict.noise == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="not both"):
+        compare_rows(rows, "processes", 2, 1, "samples/s", spread="spread", iqr="spread")
