@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
 
 from helpers.batching import ResidentBatches
 from helpers.devices import resolve_device
+from helpers.loops import fast_epoch
+from helpers.validate import positive_int
 
 
 @dataclass
@@ -42,8 +46,67 @@ def batch_shapes(n_samples: int, batch_size: int) -> list[int]:
 
 
 def capturable_adam(params: Iterable[nn.Parameter], lr: float = 1e-3) -> torch.optim.Adam:
-    """torch.optim.Adam that a CUDA graph can capture: capturable=True, foreach (chapter 2)."""
+    """torch.optim.Adam that a CUDA graph can capture: capturable=True, foreach (chapter 2).
+
+    Capturable Adam keeps each step count as a float32 tensor on the device and computes the
+    bias corrections 1 - beta**t there, in float32; without capturable they are Python floats
+    (float64). fp32(0.999) = 0.99900001287, so sqrt(1 - beta2**t) comes out about 6e-6 too
+    small, relative, and every update about 6e-6 smaller (bias_correction_rows).
+    """
     return torch.optim.Adam(params, lr=lr, capturable=True, foreach=True)
+
+
+def bias_correction_rows(
+    steps: Sequence[int] = (1, 10, 100, 314),
+    betas: tuple[float, float] = (0.9, 0.999),
+    device: str | torch.device = "cpu",
+) -> list[dict]:
+    """Adam's bias corrections as capturable Adam computes them (float32 on `device`) against float64 (chapter 2)."""
+    beta1, beta2 = betas
+    rows = []
+    for t in steps:
+        t = positive_int(t, "step")
+        count = torch.tensor(float(t), device=resolve_device(device))  # float32, as Adam keeps it
+        bc1 = (1 - torch.pow(beta1, count)).item()  # what torch._foreach_pow(beta, steps) gives
+        bc2_sqrt = (1 - torch.pow(beta2, count)).sqrt().item()
+        exact1, exact2_sqrt = 1 - beta1**t, math.sqrt(1 - beta2**t)
+        rows.append(
+            {
+                "step t": t,
+                "1 - β1^t, rel. error": bc1 / exact1 - 1,
+                "sqrt(1 - β2^t), rel. error": bc2_sqrt / exact2_sqrt - 1,
+                # the update is lr / (1 - β1^t) * m / (sqrt(v) / sqrt(1 - β2^t) + eps); eps aside,
+                # it scales with sqrt(1 - β2^t) / (1 - β1^t):
+                "update, rel. change": (bc2_sqrt / exact2_sqrt) * (exact1 / bc1) - 1,
+            }
+        )
+    return rows
+
+
+@dataclass
+class EagerRun:
+    """The losses of every step and the final parameters (one vector) of one training run (chapter 2)."""
+
+    losses: list[float]
+    params: torch.Tensor
+
+
+def capturable_pair(
+    make_model: Callable[[], nn.Module],
+    make_batches: Callable[[], Iterable],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    epochs: int,
+    lr: float = 1e-3,
+) -> tuple[EagerRun, EagerRun]:
+    """The eager loop twice from the same start and batches: foreach Adam with capturable False, then True (chapter 2)."""
+    epochs = positive_int(epochs, "epochs")
+    runs = []
+    for capturable in (False, True):
+        model, batches = make_model(), make_batches()
+        opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True, capturable=capturable)
+        losses = [v for _ in range(epochs) for v in fast_epoch(model, batches, opt, loss_fn)]
+        runs.append(EagerRun(losses, parameters_to_vector(model.parameters()).detach().clone()))
+    return runs[0], runs[1]
 
 
 def capture_steps(

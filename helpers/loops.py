@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from helpers.devices import resolve_device, synchronize
+from helpers.units import Printed
 from helpers.validate import positive_int
+
+#: Two of chapter 2's loops that differ only in rounding (Sigmoid + BCELoss against
+#: BCEWithLogitsLoss, for-loop against foreach or fused Adam or FlatAdam, a CUDA graph against
+#: the same kernels run eagerly) give losses within this of each other, step for step, over its
+#: 314 steps: measured at most 1.2e-7 (two units in the last place of the loss) on seeds 0-7
+#: (CPU, torch 2.13, tests/test_same_math_ch02.py), so it leaves about 80x headroom. It bounds
+#: rounding only: a change of the math itself (capturable Adam's fp32 bias correction) must be
+#: measured and removed first (same_math's `effect`).
+ROUNDING_RTOL, ROUNDING_ATOL = 1e-4, 1e-5
+#: The same for the parameters after those 314 steps: rounding moved a few parameters further
+#: than the losses, at most 1.4e-6 (seed 5, the same runs), so 1e-4 leaves about 70x headroom.
+ROUNDING_PARAMS_ATOL = 1e-4
 
 
 def best_adam_impl(device: str | torch.device) -> str:
@@ -171,3 +185,80 @@ def time_once(fn: Callable[[], object], device: str | torch.device = "cpu") -> f
     fn()
     synchronize(device)
     return time.perf_counter() - start
+
+
+def _as_vector(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:
+    """Losses or parameters as one float64 vector on the CPU; a clear error otherwise (chapter 2)."""
+    try:
+        vector = torch.as_tensor(values, dtype=torch.float64, device="cpu").detach().reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(
+            f"{name} must be numbers (a list or a tensor), got {type(values).__name__}."
+        ) from exc
+    if not torch.isfinite(vector).all():
+        raise ValueError(f"{name} holds a NaN or an infinity: the run diverged.")
+    return vector
+
+
+@dataclass(repr=False)
+class SameMath(Printed):
+    """Two runs compared value by value, before and after removing a measured effect (chapter 2)."""
+
+    what: str
+    count: int
+    gap: float  # largest |final - reference|
+    effect: float | None  # largest |with - without| of the removed effect; None: nothing removed
+    residual: float  # largest |final - reference - (with - without)|
+    beyond: int  # values beyond the rounding tolerance once the effect is removed
+    rtol: float
+    atol: float
+    effect_name: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Every value within rounding of the reference, once the effect is removed (chapter 2)."""
+        return self.beyond == 0
+
+    def __str__(self) -> str:
+        verdict = "within rounding" if self.ok else f"{self.beyond} value(s) BEYOND rounding"
+        tol = f"(rtol {self.rtol:g}, atol {self.atol:g})"
+        head = f"{self.what}: {self.count} values, largest gap {self.gap:.1e}"
+        if self.effect is None:
+            return f"{head}: {verdict} {tol}"
+        return (
+            f"{head}; {self.effect_name} alone moves them by up to {self.effect:.1e}; with that "
+            f"removed, the largest gap is {self.residual:.1e}: {verdict} {tol}"
+        )
+
+
+def same_math(
+    final: Sequence[float] | torch.Tensor,
+    reference: Sequence[float] | torch.Tensor,
+    effect: tuple[Sequence[float], Sequence[float]] | None = None,
+    *,
+    what: str = "losses",
+    effect_name: str = "the known effect",
+    rtol: float = ROUNDING_RTOL,
+    atol: float = ROUNDING_ATOL,
+) -> SameMath:
+    """Is `final` `reference` up to rounding, once `effect` = (without, with) is subtracted value by value? (chapter 2)"""
+    a, b = _as_vector(final, "final"), _as_vector(reference, "reference")
+    if a.shape != b.shape:
+        raise ValueError(
+            f"Compare runs of the same length: final has {len(a)} values, reference {len(b)}."
+        )
+    shift, size = torch.zeros_like(a), None
+    if effect is not None:
+        without, with_ = (_as_vector(v, f"effect[{i}]") for i, v in enumerate(effect))
+        if without.shape != a.shape or with_.shape != a.shape:
+            raise ValueError(
+                f"The effect's two runs need {len(a)} values each, like final; got "
+                f"{len(without)} and {len(with_)}."
+            )
+        shift = with_ - without  # what the effect alone changes, value by value
+        size = shift.abs().max().item() if len(shift) else 0.0
+    residual = (a - b - shift).abs()
+    beyond = int((residual > atol + rtol * b.abs()).sum())  # torch.testing.assert_close's rule
+    largest = (a - b).abs().max().item() if len(a) else 0.0
+    rest = residual.max().item() if len(a) else 0.0
+    return SameMath(what, len(a), largest, size, rest, beyond, rtol, atol, effect_name)

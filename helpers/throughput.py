@@ -22,6 +22,7 @@ from helpers.loops import (
     make_adam,
     torch_threads,
 )
+from helpers.machine_state import MachineWatch
 from helpers.models import make_mlp
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
@@ -97,7 +98,10 @@ def run_throughput(
     min_run_time: float = 0.1,
     progress: bool = False,
 ) -> SweepResult:
-    """Sweep batch sizes 2**low .. 2**high on the sources' task: time per epoch and step, samples/s (chapter 2)."""
+    """Sweep batch sizes 2**low .. 2**high on the sources' task: time per epoch and step, samples/s (chapter 2).
+
+    The result's ``machine`` says what else the machine was doing during the sweep.
+    """
     device = resolve_device(device)
     n_samples = positive_int(n_samples, "n_samples")
     try:
@@ -115,9 +119,10 @@ def run_throughput(
     x, y = make_classification_data(n_samples)
     x, y = x.to(device), y.to(device)
     measure = partial(measure_batch_size, x=x, y=y, feeding=feeding, min_run_time=min_run_time)
-    with torch_threads(threads):
+    with torch_threads(threads), MachineWatch(device, threads) as watch:
         result = run_sweep(measure, sizes, param="batch size", progress=progress)
     result.device, result.feeding = str(device), feeding
+    result.machine = watch.state  # what else the machine did during the sweep (chapter 1)
     return result
 
 

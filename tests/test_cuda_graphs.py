@@ -7,11 +7,11 @@ import types
 
 import pytest
 import torch
+from graph_standin import eager_static_step
 from torch import nn
 
 from helpers.batching import ResidentBatches
 from helpers.cuda_graphs import (
-    StaticStep,
     batch_shapes,
     capturable_adam,
     capture_steps,
@@ -22,21 +22,6 @@ from helpers.data import make_classification_data
 from helpers.loops import fast_epoch, make_adam
 from helpers.models import make_mlp
 from helpers.syncs import SyncCounter
-
-
-def eager_static_step(model, optimizer, loss_fn, x_example, y_example) -> StaticStep:  # noqa: ANN001
-    """A StaticStep whose replay() runs the step eagerly on its buffers: graphed_epoch on a CPU."""
-    static_x, static_y = x_example.clone(), y_example.clone()
-    static_loss = torch.zeros((), device=static_x.device)
-
-    def replay() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(static_x), static_y)
-        loss.backward()
-        optimizer.step()
-        static_loss.copy_(loss.detach())
-
-    return StaticStep(static_x, static_y, static_loss, replay)
 
 
 def test_plan_cpu_says_why() -> None:

@@ -27,6 +27,9 @@ def test_run_throughput_rows(small_sweep: SweepResult) -> None:
         assert row["samples/s"] > 0 and row["µs/step"] > 0 and row["ms/epoch"] > 0
         assert 0 < row["loss after 1 epoch"] < 1
     assert small_sweep.device == "cpu" and small_sweep.feeding == "resident"
+    state = small_sweep.machine  # what else the machine did during the sweep (issue 24 item 5)
+    assert state.device == "cpu" and state.torch_threads == 1 and state.window_s > 0
+    assert str(state).startswith("machine: ")
 
 
 def test_plot_throughput(small_sweep: SweepResult) -> None:
