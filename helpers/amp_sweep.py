@@ -336,13 +336,14 @@ class LossGap(Printed):
     """Did AMP move the final loss more than a new seed moves fp32's? Measured, never assumed (chapter 3)."""
 
     name: str  # the low-precision run, e.g. "bf16"
-    low: float  # its final loss
-    fp32: dict[int, float]  # fp32's final loss per seed; the first seed is the one `low` shares
+    low: float  # its loss
+    fp32: dict[int, float]  # fp32's loss per seed; the first seed is the one `low` shares
+    what: str = "final loss"  # which loss: the final full-data loss, an epoch's mean, ...
 
     def __post_init__(self) -> None:
         if len(self.fp32) < 2:
             raise ValueError(
-                "LossGap needs fp32's final loss for at least two seeds: the seed-to-seed "
+                "LossGap needs fp32's loss for at least two seeds: the seed-to-seed "
                 "spread is what 'the same result' is measured against."
             )
         values = [self.low, *self.fp32.values()]
@@ -373,8 +374,8 @@ class LossGap(Printed):
         side = "lower" if self.low < self.reference else "higher"
         seeds = ", ".join(str(k) for k in self.fp32)
         head = (
-            f"{self.name} final loss {self.low:.4g} against fp32's {self.reference:.4g} (same seed): "
-            f"{side} by {self.gap:.2g}, {self.gap / abs(self.reference):.0%} of fp32's; "
+            f"{self.name} {self.what} {self.low:.4g} against fp32's {self.reference:.4g} (same seed): "
+            f"{side} by {self.gap:.2g}, {self.gap / abs(self.reference):.1%} of fp32's; "
             f"fp32 over seeds {seeds}: {min(self.fp32.values()):.4g} to "
             f"{max(self.fp32.values()):.4g}, a spread of {self.seed_spread:.2g}"
         )

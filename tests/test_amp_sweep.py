@@ -379,7 +379,7 @@ def test_the_h100_gap_is_measured_against_the_seed_spread() -> None:
     within = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0477, 2: 0.0351})
     assert within.gap == pytest.approx(0.01155) and within.within
     text = str(within)
-    assert "lower by 0.012, 26% of fp32's" in text and "seeds 0, 1, 2" in text
+    assert "lower by 0.012, 25.6% of fp32's" in text and "seeds 0, 1, 2" in text
     assert "within what a new seed changes (0.92x the spread)" in text
     beyond = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0453})
     assert not beyond.within and "beyond what a new seed changes (96.2x the spread)" in str(beyond)
@@ -389,6 +389,8 @@ def test_loss_gap_edge_cases() -> None:
     assert str(LossGap("fp16", 0.5, {0: 0.5, 1: 0.5})).endswith("identical")
     assert "fp16 changed it and no seed did" in str(LossGap("fp16", 0.6, {0: 0.5, 1: 0.5}))
     assert "higher by 0.1" in str(LossGap("fp16", 0.6, {0: 0.5, 1: 0.5}))
+    epoch = LossGap("fp16", 0.3398, {0: 0.3398, 1: 0.3224, 2: 0.3496}, what="mean loss of epoch 1")
+    assert str(epoch).startswith("fp16 mean loss of epoch 1 0.3398 against fp32's 0.3398")
     with pytest.raises(ValueError, match="at least two seeds"):
         LossGap("bf16", 0.1, {0: 0.1})
     with pytest.raises(ValueError, match="finite numbers"):
