@@ -16,8 +16,14 @@ of `--depth` square layers of `--width` (where AMP can help, given hardware for 
 Precisions the hardware has no fast path for (fp16 on most CPUs, bf16 on a T4 or a CPU without
 bf16 instructions) are skipped with the reason, unless --allow-slow.
 
-Version 2 (v1's single memory column counted the previous step's gradients as held before
-the step). When changing how this script measures, bump the version.
+Under each table: the machine's state while it was timed (other compute processes on the GPU,
+CPU time other processes used, torch threads), and at the largest batch one verdict per
+precision against fp32 (and the 16-bit dtype against TF32), each built by compare_rows from
+the two rows it names: "inconclusive" on a shared GPU or a loaded CPU.
+
+Version 3 (v2 printed a relative spread and no machine state or verdicts; v1's single memory
+column counted the previous step's gradients as held before the step). When changing how this
+script measures, bump the version.
 """
 
 from __future__ import annotations
@@ -27,12 +33,12 @@ import argparse
 import torch
 
 from helpers.amp_choice import amp_for_device, local_cpu_flags
-from helpers.amp_sweep import default_batch_sizes, default_width, run_amp_sweep
+from helpers.amp_sweep import AmpSweep, default_batch_sizes, default_width, run_amp_sweep
 from helpers.devices import describe_device, pick_device
 from helpers.matmul import tf32_available
 from helpers.models import wide_mlp_sizes
 
-VERSION = 2
+VERSION = 3
 SOURCES_MLP = (20, 64, 32, 1)
 
 
@@ -91,7 +97,25 @@ def main() -> None:
             allow_slow=allow_slow,
         )
         print(f"== {title}")
-        print(sweep, end="\n\n")
+        print(sweep)
+        for line in verdicts(sweep, low):
+            print(line)
+        print()
+
+
+def verdicts(sweep: AmpSweep, low: str) -> list[str]:
+    """At the largest batch every precision measured against fp32, and `low` against TF32."""
+    if "fp32" not in sweep.results or not sweep.results["fp32"].rows:
+        return []
+    largest = sweep.results["fp32"].column("batch size")[-1]
+    pairs = [(p, "fp32") for p in sweep.results if p != "fp32"] + [(low, "tf32")]
+    lines = []
+    for a, b in pairs:
+        if all(
+            p in sweep.results and largest in sweep.results[p].column("batch size") for p in (a, b)
+        ):
+            lines.append(f"batch {largest}, {a} against {b}: {sweep.verdict(a, b, largest)}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -3,19 +3,26 @@
     .venv/bin/python benchmarks/ch05_memory.py                  # the device pick_device() chooses
     .venv/bin/python benchmarks/ch05_memory.py --device cpu --width 1024 --batch 128
 
-1. Activation checkpointing of an MLP (depth blocks of Linear + ReLU, then a head): bytes saved
-   for backward (the activation meter) and the time of a forward + backward step, for no
-   checkpointing, every block, and pairs of blocks. Hugging Face quotes about 20% extra time
-   for full checkpointing on a GPU. Expect pairs of blocks to cost about one extra forward
-   pass of the checkpointed blocks when the step is compute-bound (big matrices): a step is
-   roughly three forward passes, so up to ~1.33x (the H100 run: 1.39x at 4 x 4096, batch
-   2048). A small, launch-bound step pays for the extra ops and checkpoint()'s own
-   bookkeeping instead, and can take 2x or more (chapter 5 measures both). Read the IQR
-   column before the ratio: a ratio inside the spread is noise.
+1. Activation checkpointing of an MLP (depth blocks of Linear + ReLU, then a head): for no
+   checkpointing, every block, pairs of blocks and checkpoint_sequential(2) (which leaves its
+   last segment alone), the bytes saved for backward (the activation meter), the FLOPs of a
+   forward + backward step with the recomputation (FlopCounterMode), and its time. A step is
+   roughly three forward passes, so recomputing every block adds about a third of the FLOPs
+   and checkpoint_sequential(2) about a sixth. A compute-bound step (big matrices) pays about
+   its FLOPs in time: Hugging Face's "about 20% slower" fits partial or selective
+   checkpointing, not full recomputation. A small, launch-bound step pays for the extra ops
+   and checkpoint()'s own bookkeeping instead, and can take 2x or more. Checkpointing every
+   block of this MLP saves nothing (each block keeps only its input, as without
+   checkpointing) and still pays.
 2. Mixed precision: bytes saved for backward in fp32 and under autocast, and the step time.
 3. On CUDA: the time of a 64 MiB allocation from the cache, and right after empty_cache.
 
-Version 1. When changing how this script measures, bump the version.
+Every table is followed by the machine's state while it was timed (other compute processes on
+the GPU, CPU time other processes used, torch threads) and by verdicts built by compare_rows
+from the two rows they name: "inconclusive" on a shared GPU or a loaded CPU.
+
+Version 2 (v1 timed no checkpoint_sequential row, counted no FLOPs and printed no machine state
+or verdicts). When changing how this script measures, bump the version.
 """
 
 from __future__ import annotations
@@ -25,25 +32,55 @@ import argparse
 import torch
 from torch import nn
 
-from helpers.activations import checkpointed_forward, measure_activation_bytes
+from helpers.activations import ActivationMeter, CheckpointCost, checkpointed_forward
 from helpers.devices import describe_device, native_bf16, pick_device
 from helpers.dtypes import dtype_name
+from helpers.machine_state import merge_states
+from helpers.mfu import count_flops
 from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.tables import print_table
-from helpers.timing import benchmark
-from helpers.units import format_bytes
+from helpers.timing import BenchResult, benchmark
+from helpers.verdicts import compare_rows
 
-VERSION = 1
+VERSION = 2
+
+#: Checkpointing variants: segments of `every` blocks (0: none); checkpoint_sequential(2)
+#: checkpoints the first half of the blocks only, as torch's function leaves its last segment.
+CHECKPOINTING = {
+    "no checkpointing": (0, False),
+    "each block": (1, False),
+    "pairs of blocks": (2, False),
+    "checkpoint_sequential(2)": (2, True),
+}
 
 
-def step(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, every: int, amp) -> None:  # noqa: ANN001
-    """One forward + backward, checkpointed in segments of `every` children (0: none)."""
+def forward(model: nn.Sequential, x: torch.Tensor, every: int, first_half: bool) -> torch.Tensor:
+    """The blocks checkpointed in segments of `every` (all of them, or the first half), then the head."""
+    blocks, head = model[:-1], model[-1]
+    if every == 0:
+        return head(blocks(x))
+    if first_half:
+        half = len(blocks) // 2
+        return head(blocks[half:](checkpointed_forward(blocks[:half], x, every)))
+    return head(checkpointed_forward(blocks, x, every))
+
+
+def step(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, variant: str, amp) -> None:  # noqa: ANN001
+    """One forward + backward under a checkpointing variant, optionally under autocast."""
     model.zero_grad(set_to_none=True)
     ctx = torch.autocast(x.device.type, dtype=amp) if amp is not None else torch.enable_grad()
     with ctx:
-        out = checkpointed_forward(model, x, every) if every else model(x)
-        loss = nn.functional.cross_entropy(out.float(), y)
+        loss = nn.functional.cross_entropy(forward(model, x, *CHECKPOINTING[variant]).float(), y)
     loss.backward()
+
+
+def saved_bytes(model: nn.Sequential, x: torch.Tensor, variant: str, amp=None) -> int:  # noqa: ANN001
+    """Bytes one forward under a checkpointing variant saves for backward (the activation meter)."""
+    ctx = torch.autocast(x.device.type, dtype=amp) if amp is not None else torch.enable_grad()
+    with ActivationMeter(model) as meter, ctx:
+        out = forward(model, x, *CHECKPOINTING[variant])
+    del out
+    return meter.total_bytes
 
 
 def amp_dtype(device: torch.device) -> torch.dtype:
@@ -51,6 +88,71 @@ def amp_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if native_bf16(device) else torch.float16
     return torch.float16 if device.type == "mps" else torch.bfloat16
+
+
+def checkpointing(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, run_time: float) -> None:
+    """Bytes, FLOPs and time per checkpointing variant, the machine's state, and the verdicts."""
+    timings, flops, saved = {}, {}, {}
+    for name in CHECKPOINTING:
+        args = (model, x, y, name, None)
+        timings[name] = benchmark(step, *args, device=x.device, label=name, min_run_time=run_time)
+        flops[name] = count_flops(step, *args)
+        saved[name] = saved_bytes(model, x, name)
+    title = f"MLP {len(model) - 1} x {x.shape[1]}, batch {x.shape[0]}, forward + backward:"
+    cost = CheckpointCost(title, timings, flops, saved)
+    print(cost)
+    for name in list(CHECKPOINTING)[1:]:
+        print(f"  {cost.line(name)}")
+
+
+def precision(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, run_time: float) -> None:
+    """fp32 against the chapter's autocast dtype: bytes saved for backward and step time."""
+    low = amp_dtype(x.device)
+    runs: dict[str, tuple[BenchResult, int]] = {}
+    for name, amp in (("fp32", None), (f"{dtype_name(low)} autocast", low)):
+        args = (model, x, y, "no checkpointing", amp)
+        r = benchmark(step, *args, device=x.device, label=name, min_run_time=run_time)
+        runs[name] = (r, saved_bytes(model, x, "no checkpointing", amp))
+    rows = [
+        {
+            "precision": name,
+            "saved MiB": nbytes / 2**20,
+            "median ms": r.median * 1e3,
+            "IQR ms": r.iqr * 1e3,
+        }
+        for name, (r, nbytes) in runs.items()
+    ]
+    states = [r.machine for r, _ in runs.values()]
+    print("\nMixed precision, the same step without checkpointing:")
+    print_table(rows)
+    print(merge_states(states))
+    a, b = rows[1]["precision"], rows[0]["precision"]
+    print(f"  {compare_rows(rows, 'precision', a, b, 'median ms', iqr='IQR ms', machine=states)}")
+
+
+def allocation(device: torch.device) -> None:
+    """On CUDA: a 64 MiB allocation from the cache against one right after empty_cache."""
+    n = 64 * 2**20 // 4
+
+    def from_cache() -> None:
+        torch.empty(n, device=device)
+
+    def after_empty_cache() -> None:
+        torch.cuda.empty_cache()
+        torch.empty(n, device=device)
+
+    timings = [
+        benchmark(f, device=device, label=f.__name__) for f in (from_cache, after_empty_cache)
+    ]
+    rows = [{"how": r.label, "median µs": r.median * 1e6, "IQR µs": r.iqr * 1e6} for r in timings]
+    states = [r.machine for r in timings]
+    print("\n64 MiB allocation:")
+    print_table(rows)
+    print(merge_states(states))
+    verdict = compare_rows(
+        rows, "how", "from_cache", "after_empty_cache", "median µs", iqr="IQR µs", machine=states
+    )
+    print(f"  {verdict}")
 
 
 def main() -> None:
@@ -65,60 +167,15 @@ def main() -> None:
     gpu = device.type != "cpu"
     width = args.width or (4096 if gpu else 1024)
     batch = args.batch or (2048 if gpu else 128)
-    print(f"ch05_memory benchmark v{VERSION}\n{describe_device(device)}\n")
+    print(f"ch05_memory benchmark v{VERSION}, torch {torch.__version__}")
+    print(f"{describe_device(device)}\n")
     model = make_mlp(wide_mlp_sizes(width, args.depth, 10), blocks=True, device=device)
     x = torch.randn(batch, width, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
-
-    rows, base = [], None
-    configs = [
-        ("no checkpointing", 0, None),
-        ("every block", 1, None),
-        ("pairs of blocks", 2, None),
-    ]
-    configs.append((f"{dtype_name(amp_dtype(device))} autocast", 0, amp_dtype(device)))
-    for name, every, amp in configs:
-        saved = measure_activation_bytes(model, x, autocast_dtype=amp, checkpoint_every=every)
-        r = benchmark(
-            step, model, x, y, every, amp, device=device, label=name, min_run_time=args.min_run_time
-        )
-        base = base or r.median
-        rows.append(
-            {
-                "variant": name,
-                "saved for backward": format_bytes(saved),
-                "step": f"{r.median * 1e3:.2f} ms",
-                "IQR": f"{r.iqr * 1e3:.2f} ms",
-                "vs plain": f"{r.median / base:.2f}x",
-            }
-        )
-    print(f"MLP {args.depth} x {width}, batch {batch}, forward + backward:")
-    print_table(rows)
-
+    checkpointing(model, x, y, args.min_run_time)
+    precision(model, x, y, args.min_run_time)
     if device.type == "cuda":
-        n = 64 * 2**20 // 4
-
-        def from_cache() -> None:
-            torch.empty(n, device=device)
-
-        def after_empty_cache() -> None:
-            torch.cuda.empty_cache()
-            torch.empty(n, device=device)
-
-        timings = [
-            benchmark(f, device=device, label=f.__name__) for f in (from_cache, after_empty_cache)
-        ]
-        print("\n64 MiB allocation:")
-        print_table(
-            [
-                {
-                    "how": r.label,
-                    "median": f"{r.median * 1e6:.1f} µs",
-                    "IQR": f"{r.iqr * 1e6:.1f} µs",
-                }
-                for r in timings
-            ]
-        )
+        allocation(device)
 
 
 if __name__ == "__main__":

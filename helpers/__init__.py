@@ -38,7 +38,8 @@ Chapter 2, the training loop
 Chapter 3, mixed precision
 - ``helpers.formats``: number formats (the finfo table, fp16's range) and precision names
 - ``helpers.amp_choice``: the autocast dtype by hardware, and probes that it runs here
-- ``helpers.amp_sweep``: the fp32-vs-TF32-vs-AMP training-step sweep, its plot and widget
+- ``helpers.amp_sweep``: the fp32-vs-TF32-vs-AMP training-step sweep, its plot, widget and
+  verdicts; TF32's matmul speed-up; AMP's final loss against fp32's seed-to-seed spread
 
 Chapter 4, multi-GPU
 - ``helpers.launch``: launching torchrun scripts from a notebook, safely, loopback only
@@ -48,8 +49,10 @@ Chapter 4, multi-GPU
   several of them in one launch
 
 Chapter 5, memory
-- ``helpers.activations``: the saved-tensor activation meter and the layer-by-layer count
-- ``helpers.memory_bill``: the training memory bill, predicted and measured
+- ``helpers.activations``: the saved-tensor activation meter, the layer-by-layer count, and
+  checkpointing's cost (bytes, FLOPs, time)
+- ``helpers.memory_bill``: the training memory bill, predicted and measured, and the GPU
+  memory outside PyTorch's allocator (CUDA context, other processes)
 - ``helpers.max_batch``: surviving out-of-memory, and the largest batch that fits
 
 Chapter 6, profiling

@@ -1,4 +1,5 @@
-"""Activation bytes: measured on any device (ActivationMeter), predicted from shapes (chapter 5)."""
+"""Activation bytes: measured on any device (ActivationMeter), predicted from shapes, and what
+checkpointing them costs in FLOPs and time against the bytes it saves (chapter 5)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
-from helpers.units import MiB
+from helpers.machine_state import MachineState, merge_states
+from helpers.tables import format_table
+from helpers.timing import BenchResult
+from helpers.units import MiB, Printed, format_bytes
 from helpers.validate import positive_int
+from helpers.verdicts import Verdict, compare_rows
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef | None, int]:
@@ -82,6 +87,86 @@ def checkpointed_forward(model: nn.Sequential, x: torch.Tensor, every: int) -> t
         segment = nn.Sequential(*children[start : start + every])
         x = checkpoint(segment, x, use_reentrant=False)
     return x
+
+
+@dataclass(repr=False)
+class CheckpointCost(Printed):
+    """One training step under each checkpointing variant: bytes saved, FLOPs and time against the plain step (chapter 5)."""
+
+    title: str
+    timings: dict[str, BenchResult]  # by variant name, the plain step's included
+    flops: dict[str, int]  # FLOPs of one step, recomputation included (FlopCounterMode)
+    saved: dict[str, int]  # bytes saved for backward in one forward (ActivationMeter)
+    base: str = "no checkpointing"
+
+    def __post_init__(self) -> None:
+        names = set(self.timings)
+        if self.base not in names or set(self.flops) != names or set(self.saved) != names:
+            raise ValueError(
+                f"CheckpointCost needs timings, FLOPs and saved bytes for the same variants, "
+                f"{self.base!r} among them; got {sorted(self.timings)}, {sorted(self.flops)}, "
+                f"{sorted(self.saved)}."
+            )
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The printed table: one row per variant, numbers kept as numbers (chapter 5)."""
+        base = self.timings[self.base]
+        return [
+            {
+                "checkpointing": name,
+                "saved MiB": self.saved[name] / MiB,
+                "FLOPs vs plain": f"{self.flops[name] / self.flops[self.base]:.2f}x",
+                "median ms": r.median * 1e3,
+                "IQR ms": r.iqr * 1e3,
+                "time vs plain": f"{r.median / base.median:.2f}x",
+            }
+            for name, r in self.timings.items()
+        ]
+
+    @property
+    def machine(self) -> MachineState | None:
+        """The busiest state over every timing of the table (chapter 5)."""
+        return merge_states([r.machine for r in self.timings.values() if r.machine is not None])
+
+    def extra_flops(self, name: str) -> float:
+        """Recomputation's share of the plain step's FLOPs: 1/3 recomputes a whole forward (chapter 5)."""
+        return self.flops[name] / self.flops[self.base] - 1
+
+    def verdict(self, name: str) -> Verdict:
+        """Variant `name` against the plain step: compare_rows on the printed medians (chapter 5)."""
+        states = [self.timings[n].machine for n in (name, self.base)]
+        return compare_rows(
+            self.rows(),
+            "checkpointing",
+            name,
+            self.base,
+            "median ms",
+            iqr="IQR ms",
+            higher_is_better=True,  # a longer step is "more": the verdict says which was slower
+            better="slower",
+            machine=[s for s in states if s is not None] or None,
+        )
+
+    def line(self, name: str) -> str:
+        """What variant `name` saved and what it cost, read from the table's rows (chapter 5)."""
+        verdict, base_bytes = self.verdict(name), self.saved[self.base]
+        flops = f"{self.extra_flops(name):+.0%} FLOPs"
+        if self.saved[name] < base_bytes:
+            saved = (
+                f"saved {format_bytes(base_bytes - self.saved[name])} of {format_bytes(base_bytes)}"
+            )
+            return f"{name}: {saved} for backward, {flops}; {verdict}"
+        paid = verdict.conclusive and verdict.ratio > 1
+        return (
+            f"{name}: saved nothing ({format_bytes(self.saved[name])} for backward, as without "
+            f"checkpointing), {flops}; " + ("a pure cost: " if paid else "") + verdict
+        )
+
+    def __str__(self) -> str:
+        lines = [self.title, format_table(self.rows())]
+        if self.machine is not None:
+            lines.append(str(self.machine))
+        return "\n".join(lines)
 
 
 def autocast_context(

@@ -172,8 +172,7 @@ def choose_amp_dtype(
     if dtype == torch.float16 and kind == "cpu" and not _cpu_has(desc, CPU_FP16_FLAGS):
         slow = (
             "fp16 autocast on a CPU without AVX512-FP16/AMX-FP16 runs through slow fallback "
-            "kernels (the course measured training steps 4-12x slower than fp32 on an AMD EPYC "
-            "and 80x slower on a Xeon)"
+            "kernels (chapter 3's last table measures how slow on this CPU)"
         )
     if slow is not None and not allow_slow:
         better = auto.name + (" with a GradScaler" if auto.use_scaler else "")

@@ -1,4 +1,6 @@
-"""The fp32-vs-TF32-vs-AMP training-step sweep: measured, plotted, and its widget (chapter 3)."""
+"""fp32 against TF32 and AMP, measured (chapter 3): the training-step sweep, its plot and widget,
+the TF32 matmul speed-up, the verdicts that compare exactly the rows a table prints (with the
+machine's state), and whether AMP moved the final loss more than a new seed does."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from helpers.amp_choice import amp_for_device, check_autocast
 from helpers.devices import resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, is_tf32, parse_precision
-from helpers.matmul import check_tf32, tf32_available, tf32_matmuls
+from helpers.machine_state import MachineState, merge_states
+from helpers.matmul import check_tf32, matmul_flops, tf32_available, tf32_matmuls
 from helpers.memory import track_peak
 from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.sweeps import SweepResult, run_sweep
@@ -26,6 +29,7 @@ from helpers.tables import format_table
 from helpers.timing import benchmark
 from helpers.units import Printed
 from helpers.validate import positive_int
+from helpers.verdicts import Verdict, compare_rows
 
 
 def default_width(device: str | torch.device) -> int:
@@ -111,14 +115,14 @@ class _Step:
         return step_peak_bytes(self, self.device), saved
 
 
-def measure_amp_step(
+def _measure_amp_step(
     sizes: Sequence[int],
     batch_size: int,
-    precision: str | torch.dtype = "fp32",
-    device: str | torch.device | None = None,
-    min_run_time: float = 0.2,
-) -> dict[str, Any]:
-    """Time one Adam training step of make_mlp(sizes) at a precision; throughput and memory (chapter 3)."""
+    precision: str | torch.dtype,
+    device: str | torch.device | None,
+    min_run_time: float,
+) -> tuple[dict[str, Any], MachineState | None]:
+    """measure_amp_step's row, and the machine's state over its timing (chapter 3)."""
     device = resolve_device(device)
     tf32 = is_tf32(precision)
     dtype = check_tf32(device) if tf32 else check_autocast(device, precision)
@@ -128,13 +132,25 @@ def measure_amp_step(
     with tf32_matmuls(tf32):  # "fp32" is true fp32 here, whatever the global setting
         timing = benchmark(step, device=device, warmup=2, min_run_time=min_run_time)
         peak, saved = step.memory()
-    return {
+    row = {
         "ms/step": timing.median * 1e3,
-        "spread %": 100 * timing.spread,
+        "IQR ms": timing.iqr * 1e3,
         "samples/s": timing.rate(batch_size),
         "peak MiB": peak / 2**20,
         "saved MiB": saved / 2**20,
     }
+    return row, timing.machine
+
+
+def measure_amp_step(
+    sizes: Sequence[int],
+    batch_size: int,
+    precision: str | torch.dtype = "fp32",
+    device: str | torch.device | None = None,
+    min_run_time: float = 0.2,
+) -> dict[str, Any]:
+    """Time one Adam training step of make_mlp(sizes) at a precision; throughput and memory (chapter 3)."""
+    return _measure_amp_step(sizes, batch_size, precision, device, min_run_time)[0]
 
 
 @dataclass
@@ -146,6 +162,13 @@ class AmpSweep(Printed):
     meter: str
     results: dict[str, SweepResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: The machine's state over each row's timing, by (precision, batch size).
+    states: dict[tuple[str, int], MachineState | None] = field(default_factory=dict)
+
+    @property
+    def machine(self) -> MachineState | None:
+        """The busiest state over all the sweep's timings (chapter 3)."""
+        return merge_states(list(self.states.values()))
 
     def rows(self) -> list[dict[str, Any]]:
         """All rows, with the speed-up over fp32 at the same batch size where fp32 ran (chapter 3)."""
@@ -172,12 +195,28 @@ class AmpSweep(Printed):
 
         return rate(precision) / rate("fp32")
 
+    def verdict(self, a: str, b: str, batch_size: int) -> Verdict:
+        """Row `a` against row `b` of the printed table at one batch size: compare_rows on ms/step, with both rows' machine state (chapter 3)."""
+        rows = [r for r in self.rows() if r["batch size"] == batch_size]
+        states = [self.states.get((p, batch_size)) for p in (a, b)]
+        return compare_rows(
+            rows,
+            "precision",
+            a,
+            b,
+            "ms/step",
+            iqr="IQR ms",
+            machine=[s for s in states if s is not None] or None,
+        )
+
     def __str__(self) -> str:
         lines = [f"{self.device}, MLP {'-'.join(map(str, self.sizes))}", format_table(self.rows())]
         lines += [
             f"(stopped early for {p}: {r.stopped})" for p, r in self.results.items() if r.stopped
         ]
         lines += [f"skipped {p}: {why}" for p, why in self.skipped.items()]
+        if self.machine is not None:
+            lines.append(str(self.machine))
         lines.append(f"peak MiB = {self.meter}")
         lines.append(
             "saved MiB = bytes autograd saved for backward in one forward (activations and 16-bit "
@@ -217,13 +256,142 @@ def run_amp_sweep(
         except PrecisionError as exc:
             sweep.skipped[precision] = str(exc)
             continue
+
+        def measure(batch: int, p: str = precision) -> dict[str, Any]:
+            row, sweep.states[(p, batch)] = _measure_amp_step(sizes, batch, p, device, min_run_time)
+            return row
+
         sweep.results[precision] = run_sweep(
-            lambda b, p=precision: measure_amp_step(sizes, b, p, device, min_run_time),
-            batch_sizes,
-            param="batch size",
-            progress=False,
+            measure, batch_sizes, param="batch size", progress=False
         )
     return sweep
+
+
+@dataclass(repr=False)
+class Tf32Speed(Printed):
+    """One matmul timed as true fp32 and as TF32: the table, the machine's state, the verdict (chapter 3)."""
+
+    rows: list[dict[str, Any]]
+    states: list[MachineState | None] = field(default_factory=list)
+
+    @property
+    def machine(self) -> MachineState | None:
+        """The busiest state over both timings (chapter 3)."""
+        return merge_states([s for s in self.states if s is not None])
+
+    @property
+    def verdict(self) -> Verdict:
+        """TF32's row against fp32's, beyond their IQRs, on a quiet machine (chapter 3)."""
+        states = [s for s in self.states if s is not None]
+        return compare_rows(
+            self.rows, "matmul", "TF32", "fp32", "ms", iqr="IQR ms", machine=states or None
+        )
+
+    def __str__(self) -> str:
+        lines = [format_table(self.rows)]
+        if self.machine is not None:
+            lines.append(str(self.machine))
+        return "\n".join([*lines, str(self.verdict)])
+
+
+def time_tf32(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    device: str | torch.device | None = None,
+    min_run_time: float = 0.2,
+) -> Tf32Speed:
+    """Time a @ b with TF32 off (true fp32) and on, on an NVIDIA GPU of compute capability 8.0+ (chapter 3)."""
+    device = resolve_device(a.device if device is None else device)
+    check_tf32(device)  # a PrecisionError that says why on any other device
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"time_tf32 needs an (m x k) and a (k x n) matrix, got {tuple(a.shape)} and {tuple(b.shape)}."
+        )
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(
+            f"TF32 is a mode of fp32 matmuls: pass float32 matrices, got {a.dtype} and {b.dtype}."
+        )
+    flops = matmul_flops(a.shape[0], a.shape[1], b.shape[1])
+    rows, states = [], []
+    for name, tf32 in (("fp32", False), ("TF32", True)):
+        with tf32_matmuls(tf32):
+            r = benchmark(torch.matmul, a, b, device=device, warmup=3, min_run_time=min_run_time)
+        rows.append(
+            {
+                "matmul": name,
+                "shape": f"{a.shape[0]}x{a.shape[1]} @ {b.shape[0]}x{b.shape[1]}",
+                "ms": r.median * 1e3,
+                "IQR ms": r.iqr * 1e3,
+                "TFLOP/s": r.rate(flops) / 1e12,
+            }
+        )
+        states.append(r.machine)
+    for row in rows:
+        row["vs fp32"] = f"{rows[0]['ms'] / row['ms']:.2f}x"
+    return Tf32Speed(rows, states)
+
+
+@dataclass(repr=False)
+class LossGap(Printed):
+    """Did AMP move the final loss more than a new seed moves fp32's? Measured, never assumed (chapter 3)."""
+
+    name: str  # the low-precision run, e.g. "bf16"
+    low: float  # its loss
+    fp32: dict[int, float]  # fp32's loss per seed; the first seed is the one `low` shares
+    what: str = "final loss"  # which loss: the final full-data loss, an epoch's mean, ...
+
+    def __post_init__(self) -> None:
+        if len(self.fp32) < 2:
+            raise ValueError(
+                "LossGap needs fp32's loss for at least two seeds: the seed-to-seed "
+                "spread is what 'the same result' is measured against."
+            )
+        values = [self.low, *self.fp32.values()]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise ValueError(f"Final losses must be finite numbers, got {values}.")
+
+    @property
+    def reference(self) -> float:
+        """fp32's final loss with the same seed, init and batch order as the AMP run (chapter 3)."""
+        return next(iter(self.fp32.values()))
+
+    @property
+    def gap(self) -> float:
+        """|AMP - fp32| at the same seed (chapter 3)."""
+        return abs(self.low - self.reference)
+
+    @property
+    def seed_spread(self) -> float:
+        """Largest minus smallest fp32 final loss over the seeds (chapter 3)."""
+        return max(self.fp32.values()) - min(self.fp32.values())
+
+    @property
+    def within(self) -> bool:
+        """The AMP gap is no larger than the seed-to-seed spread (chapter 3)."""
+        return self.gap <= self.seed_spread
+
+    def __str__(self) -> str:
+        side = "lower" if self.low < self.reference else "higher"
+        seeds = ", ".join(str(k) for k in self.fp32)
+        head = (
+            f"{self.name} {self.what} {self.low:.4g} against fp32's {self.reference:.4g} (same seed): "
+            f"{side} by {self.gap:.2g}, {self.gap / abs(self.reference):.1%} of fp32's; "
+            f"fp32 over seeds {seeds}: {min(self.fp32.values()):.4g} to "
+            f"{max(self.fp32.values()):.4g}, a spread of {self.seed_spread:.2g}"
+        )
+        if self.seed_spread == 0:
+            tail = "identical" if self.gap == 0 else f"{self.name} changed it and no seed did"
+        elif self.within:
+            tail = (
+                f"within what a new seed changes ({self.gap / self.seed_spread:.2f}x the spread): "
+                "the same result, as far as training can tell"
+            )
+        else:
+            tail = (
+                f"beyond what a new seed changes ({self.gap / self.seed_spread:.1f}x the spread): "
+                f"{self.name} moved the result here"
+            )
+        return f"{head}\n-> {tail}"
 
 
 def plot_amp_sweep(sweep: AmpSweep) -> Figure:

@@ -22,12 +22,13 @@ from helpers.activations import (
 from helpers.devices import resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import parse_precision
+from helpers.machine_state import GpuTenants, gpu_tenants
 from helpers.memory import track_peak
 from helpers.models import make_mlp, wide_mlp_sizes
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.tables import format_table
-from helpers.units import GiB, MiB, Printed
-from helpers.validate import positive_int
+from helpers.units import GiB, MiB, Printed, format_bytes
+from helpers.validate import DeviceError, positive_int
 
 #: CUDA context: "0.5-1.8 GiB on A100, depending on version and lazy loading" (stas00/ml-engineering).
 CUDA_CONTEXT_RANGE = (GiB // 2, int(1.8 * GiB))
@@ -189,6 +190,71 @@ def measure_training_memory(
         activations=meter.total_bytes,  # the model's forward only: the loss is not metered
         label="measured: real tensors after one step, activations from the meter",
     )
+
+
+@dataclass(repr=False)
+class OutsideAllocator(Printed):
+    """GPU memory PyTorch's allocator does not hold: this process's CUDA context and other processes (chapter 5)."""
+
+    used: int  # total - free on the whole GPU (torch.cuda.mem_get_info)
+    reserved: int  # what this process's caching allocator holds
+    others: GpuTenants  # the other compute processes NVML lists on this GPU
+
+    @property
+    def outside(self) -> int:
+        """Bytes in use on the GPU that this process's allocator does not hold (chapter 5)."""
+        return self.used - self.reserved
+
+    @property
+    def unsplit(self) -> str:
+        """Why the outside bytes cannot be split into context and other processes; '' if they can (chapter 5)."""
+        g = self.others
+        if g.count is None:
+            return g.note
+        if g.count and g.note:
+            return "NVML lists pids from another namespace, so which listed process is this one is unknown"
+        if g.count and g.memory is None:
+            return "NVML does not report the other processes' memory here"
+        if self.outside < (g.memory or 0):
+            return (
+                f"NVML says the other processes hold {format_bytes(g.memory or 0)}, more than "
+                "the whole outside part: the two readings disagree"
+            )
+        return ""
+
+    @property
+    def context(self) -> int | None:
+        """This process's CUDA context (with what the driver keeps for itself), or None if unknown (chapter 5)."""
+        return None if self.unsplit else self.outside - (self.others.memory or 0)
+
+    def __str__(self) -> str:
+        lo, hi = (b / GiB for b in CUDA_CONTEXT_RANGE)
+        head = f"device memory not held by PyTorch's allocator: {format_bytes(self.outside)}"
+        cited = f"cited context range {lo:.1f}-{hi:.1f} GiB on an A100"
+        if self.context is None:
+            return (
+                f"{head} (this process's CUDA context + other processes; cannot be split "
+                f"here: {self.unsplit}); {cited}"
+            )
+        context = f"{format_bytes(self.context)} this process's CUDA context (and the driver's own)"
+        if not self.others.count:
+            return f"{head}, no other process on this GPU: {context}; {cited}"
+        return (
+            f"{head} = {format_bytes(self.others.memory or 0)} held by {self.others.count} other "
+            f"process(es) (NVML) + {context}; {cited}"
+        )
+
+
+def outside_allocator(device: str | torch.device | None = None) -> OutsideAllocator:
+    """Read mem_get_info, the allocator and NVML's process list once, for a CUDA `device` (chapter 5)."""
+    device = resolve_device(device)
+    if device.type != "cuda":
+        raise DeviceError(
+            f"outside_allocator reads a CUDA GPU's memory (torch.cuda.mem_get_info), and {device} "
+            "is not one: there is no CUDA context to measure here."
+        )
+    free, total = torch.cuda.mem_get_info(device)
+    return OutsideAllocator(total - free, torch.cuda.memory_reserved(device), gpu_tenants(device))
 
 
 @dataclass

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.activations import (
     ActivationMeter,
+    CheckpointCost,
     activation_table,
     analytic_activation_bytes,
     checkpointed_forward,
     measure_activation_bytes,
     unique_storage_bytes,
 )
+from helpers.machine_state import GpuTenants, MachineState
 from helpers.models import make_mlp, wide_mlp_sizes
+from helpers.timing import BenchResult, benchmark
 
 MiB = 2**20
 
@@ -175,3 +181,118 @@ def test_checkpointed_forward_gives_the_plain_output() -> None:
 def test_bad_input_gets_a_clear_error(call, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+# ------------------------------------- what checkpointing costs (AUDIT finding 13, issue 24)
+
+
+def bench(name: str, ms: float, iqr_ms: float, machine: MachineState | None = None) -> BenchResult:
+    return BenchResult(
+        name, ms / 1e3, iqr_ms / 1e3, [ms / 1e3] * 7, 1, 6, "cuda:0", "CUDA events", machine
+    )
+
+
+QUIET = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(0), others_cores=0.0, window_s=1.0)
+SHARED = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(2, 28 * 2**30))
+H100_BIG = {  # the H100 run's big step (chapter 5, cell 85): median and IQR in ms
+    "no checkpointing": (15.4, 0.0743),
+    "each block": (21.5, 0.0857),
+    "pairs of blocks": (21.5, 0.0935),
+}
+SAVED = {"no checkpointing": 20 * MiB, "each block": 20 * MiB, "pairs of blocks": 12 * MiB}
+FLOPS = {"no checkpointing": 300, "each block": 409, "pairs of blocks": 409}
+
+
+def h100_cost(machine: MachineState = QUIET) -> CheckpointCost:
+    timings = {k: bench(k, *v, machine) for k, v in H100_BIG.items()}
+    return CheckpointCost("big step: 4 x 4096, batch 2048", timings, FLOPS, SAVED)
+
+
+def printed_ratio(text: str) -> float:
+    found = re.findall(r"(\d+\.\d+)x", text.split("; ")[-1])
+    assert len(found) == 1, text
+    return float(found[0])
+
+
+def test_each_verdict_prints_the_time_ratio_of_its_row() -> None:
+    cost = h100_cost()
+    rows = {r["checkpointing"]: r for r in cost.rows()}
+    for name in ("each block", "pairs of blocks"):
+        verdict = cost.verdict(name)
+        assert f"{printed_ratio(verdict):.2f}x" == rows[name]["time vs plain"] == "1.40x"
+        assert verdict == f"here, {name} was 1.40x slower than no checkpointing"
+    assert (
+        rows["pairs of blocks"]["FLOPs vs plain"] == "1.36x"
+        and rows["each block"]["saved MiB"] == 20
+    )
+    assert cost.extra_flops("pairs of blocks") == pytest.approx(109 / 300)
+    text = str(cost)
+    assert (
+        text.startswith("big step: 4 x 4096, batch 2048\n   checkpointing")
+        and "machine: quiet" in text
+    )
+
+
+def test_a_variant_that_saves_nothing_is_called_a_pure_cost() -> None:
+    line = h100_cost().line("each block")
+    assert line.startswith(
+        "each block: saved nothing (20.00 MiB for backward, as without checkpointing), +36% FLOPs"
+    )
+    assert line.endswith("a pure cost: here, each block was 1.40x slower than no checkpointing")
+    saving = h100_cost().line("pairs of blocks")
+    assert saving.startswith(
+        "pairs of blocks: saved 8.00 MiB of 20.00 MiB for backward, +36% FLOPs; here"
+    )
+
+
+def test_on_a_shared_gpu_the_cost_is_not_concluded() -> None:
+    line = h100_cost(SHARED).line("each block")
+    assert "a pure cost" not in line
+    assert "inconclusive, GPU shared with 2 other compute process(es)" in line
+    assert "each block was 1.40x slower" in line and "machine: BUSY" in str(h100_cost(SHARED))
+
+
+def test_within_the_spread_it_is_too_close_to_call() -> None:
+    timings = {
+        "no checkpointing": bench("a", 10.0, 1.0, QUIET),
+        "each block": bench("b", 10.5, 1.0, QUIET),
+    }
+    cost = CheckpointCost("t", timings, {k: 1 for k in timings}, {k: 1 for k in timings})
+    assert "too close to call (1.05x" in cost.line("each block") and "pure cost" not in cost.line(
+        "each block"
+    )
+
+
+def test_the_variants_must_match() -> None:
+    timings = {"no checkpointing": bench("a", 10.0, 1.0)}
+    with pytest.raises(ValueError, match="the same variants"):
+        CheckpointCost("t", timings, {"each block": 1}, {"no checkpointing": 1})
+    with pytest.raises(ValueError, match="'no checkpointing' among them"):
+        CheckpointCost("t", {"x": bench("x", 1.0, 0.0)}, {"x": 1}, {"x": 1})
+
+
+def test_a_measured_cpu_step_gives_a_consistent_table() -> None:
+    """The chapter's own recipe on a tiny MLP: FlopCounterMode counts the recomputation."""
+    model, x, y = mlp(32, 4), torch.randn(8, 32), torch.randint(0, 10, (8,))
+
+    def step(every: int) -> None:
+        model.zero_grad(set_to_none=True)
+        out = checkpointed_forward(model[:-1], x, every) if every else model[:-1](x)
+        nn.functional.cross_entropy(model[-1](out), y).backward()
+
+    variants = {"no checkpointing": 0, "pairs of blocks": 2}
+    timings = {n: benchmark(step, e, label=n, min_run_time=0.02) for n, e in variants.items()}
+    flops = {}
+    for n, every in variants.items():
+        with FlopCounterMode(display=False) as counter:
+            step(every)
+        flops[n] = counter.get_total_flops()
+    saved = {
+        n: measure_activation_bytes(model[:-1], x, checkpoint_every=e) for n, e in variants.items()
+    }
+    cost = CheckpointCost("tiny", timings, flops, saved)
+    assert 0.3 < cost.extra_flops("pairs of blocks") < 0.4  # one more forward of every block
+    assert cost.line("pairs of blocks").startswith("pairs of blocks: saved ")
+    ratio = timings["pairs of blocks"].median / timings["no checkpointing"].median
+    shown = ratio if ratio >= 1 or "too close" in cost.verdict("pairs of blocks") else 1 / ratio
+    assert printed_ratio(cost.verdict("pairs of blocks")) == pytest.approx(shown, abs=0.006)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import ipywidgets as widgets
@@ -15,6 +16,7 @@ from helpers import amp_sweep  # noqa: E402
 from helpers.amp_choice import local_cpu_flags  # noqa: E402
 from helpers.amp_sweep import (  # noqa: E402
     AmpSweep,
+    LossGap,
     _Step,
     amp_controls,
     default_batch_sizes,
@@ -24,9 +26,12 @@ from helpers.amp_sweep import (  # noqa: E402
     plot_amp_sweep,
     run_amp_sweep,
     step_peak_bytes,
+    time_tf32,
 )
 from helpers.formats import PrecisionError  # noqa: E402
+from helpers.machine_state import GpuTenants, MachineState  # noqa: E402
 from helpers.matmul import tf32_enabled, tf32_matmuls  # noqa: E402
+from helpers.sweeps import SweepResult  # noqa: E402
 from helpers.widgets import interactive_plot  # noqa: E402
 
 CPU_HAS_FP16 = "amx_fp16" in local_cpu_flags()
@@ -111,7 +116,7 @@ def test_step_memory_excludes_the_previous_steps_gradients() -> None:
 
 def test_measure_amp_step() -> None:
     row = measure_amp_step((16, 16, 1), 8, "bf16", "cpu", min_run_time=0.01)
-    assert set(row) == {"ms/step", "spread %", "samples/s", "peak MiB", "saved MiB"}
+    assert set(row) == {"ms/step", "IQR ms", "samples/s", "peak MiB", "saved MiB"}
     assert row["ms/step"] > 0 and row["samples/s"] > 0
     assert row["peak MiB"] > 0 and row["saved MiB"] > 0
     with pytest.raises(ValueError, match="batch_size must be > 0"):
@@ -234,3 +239,159 @@ def test_fp32_is_true_fp32_and_tf32_turns_it_on(monkeypatch, precision: str, dur
 def test_an_empty_batch_size_list_is_an_error_not_the_defaults() -> None:
     with pytest.raises(ValueError, match="at least one batch size"):
         run_amp_sweep(precisions=["fp32"], batch_sizes=[], device="cpu")
+
+
+# ------------------------------------------- verdicts from the printed rows (issue 24, item 2)
+
+
+def printed_ratio(text: str) -> float:
+    """The one 'N.NNx' a verdict prints."""
+    found = re.findall(r"(\d+\.\d+)x", text)
+    assert len(found) == 1, text
+    return float(found[0])
+
+
+def table_ratio(row: dict) -> float:
+    """The 'vs fp32' column of a printed row, as a number."""
+    return float(row["vs fp32"].removesuffix("x"))
+
+
+def quiet(device: str = "cpu") -> MachineState:
+    return MachineState(device, 2, 2, 2, 0.1, GpuTenants(None), others_cores=0.0, window_s=1.0)
+
+
+def made_sweep(ms: dict[tuple[str, int], float], iqr: float = 0.0, state=None) -> AmpSweep:  # noqa: ANN001
+    """An AmpSweep with these ms/step per (precision, batch), as run_amp_sweep builds it."""
+    sweep = AmpSweep("cuda:0", (8, 8, 1), "meter")
+    for (precision, batch), t in ms.items():
+        rows = sweep.results.setdefault(precision, SweepResult("batch size")).rows
+        row = {"ms/step": t, "IQR ms": iqr * t, "samples/s": batch / (t / 1e3)}
+        rows.append({"batch size": batch, **row, "peak MiB": 1.0, "saved MiB": 1.0})
+        sweep.states[(precision, batch)] = state or quiet("cuda:0")
+    return sweep
+
+
+def test_each_verdict_prints_the_ratio_of_the_rows_it_names() -> None:
+    """The H100 run's table (chapter 3, cell 78): every pair at every batch, both ways round."""
+    h100 = {256: (4.296, 2.896, 2.924), 1024: (9.635, 3.494, 3.184), 8192: (62.31, 12.97, 6.844)}
+    sweep = made_sweep(
+        {(p, b): t for b, ts in h100.items() for p, t in zip(("fp32", "tf32", "bf16"), ts)},
+        iqr=0.005,
+    )
+    for batch in h100:
+        rows = {r["precision"]: r for r in sweep.rows() if r["batch size"] == batch}
+        for a in rows:
+            for b in rows:
+                if a == b:
+                    continue
+                verdict = sweep.verdict(a, b, batch)
+                ratio = rows[b]["ms/step"] / rows[a]["ms/step"]  # a's throughput over b's
+                shown = ratio if ratio >= 1 or "too close" in verdict else 1 / ratio
+                assert printed_ratio(verdict) == pytest.approx(shown, abs=0.006), verdict
+                if b == "fp32" and ratio >= 1:  # the table's own column, to the digit
+                    assert f"{printed_ratio(verdict):.2f}x" == rows[a]["vs fp32"]
+    assert str(sweep.verdict("bf16", "fp32", 8192)) == "here, bf16 was 9.10x faster than fp32"
+
+
+def test_a_verdict_on_a_shared_gpu_does_not_conclude() -> None:
+    busy = MachineState("cuda:0", 6, 6, 16, 2.0, GpuTenants(2, 28 * 2**30))
+    sweep = made_sweep({("fp32", 64): 1.252, ("bf16", 64): 1.593}, iqr=0.03, state=busy)
+    verdict = sweep.verdict("bf16", "fp32", 64)
+    assert verdict.startswith("inconclusive, GPU shared with 2 other compute process(es)")
+    assert "fp32 was 1.27x faster than bf16" in verdict and not verdict.conclusive
+    assert "machine: BUSY" in str(sweep)
+
+
+def test_a_verdict_names_rows_the_table_has() -> None:
+    sweep = made_sweep({("fp32", 64): 1.0, ("bf16", 64): 2.0})
+    with pytest.raises(ValueError, match="two different rows"):
+        sweep.verdict("fp32", "fp32", 64)
+    with pytest.raises(ValueError, match="0 rows with 'precision' = 'tf32'"):
+        sweep.verdict("tf32", "fp32", 64)
+    with pytest.raises(ValueError, match="0 rows with 'precision' = 'bf16'"):
+        sweep.verdict("bf16", "fp32", 128)  # a batch size the sweep did not run
+
+
+def test_a_measured_sweep_records_the_machine_of_each_row() -> None:
+    sweep = small_sweep(precisions=("fp32", "bf16"), batch_sizes=(4,), allow_slow=True)
+    assert set(sweep.states) == {("fp32", 4), ("bf16", 4)}
+    assert all(isinstance(s, MachineState) for s in sweep.states.values())
+    assert "machine: " in str(sweep) and "torch" in str(sweep.machine)
+    verdict = sweep.verdict("bf16", "fp32", 4)
+    rows = {r["precision"]: r for r in sweep.rows()}
+    ratio = rows["fp32"]["ms/step"] / rows["bf16"]["ms/step"]
+    expected = ratio if ratio >= 1 or "too close" in verdict else 1 / ratio
+    assert printed_ratio(verdict) == pytest.approx(expected, abs=0.006)
+
+
+# ----------------------------------------------------- TF32 against fp32 (AUDIT finding 25)
+
+
+def test_time_tf32_on_an_ampere_gpu_prints_its_tables_ratio(fake_gpu) -> None:  # noqa: ANN001
+    """The CUDA branch, on a fake H100: the work runs on the CPU, timed with CUDA events."""
+    gpu = fake_gpu("h100_sxm")
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    speed = time_tf32(a, b, "cuda", min_run_time=0.02)
+    fp32, tf32 = speed.rows
+    assert (fp32["matmul"], tf32["matmul"]) == ("fp32", "TF32") and fp32["vs fp32"] == "1.00x"
+    assert fp32["shape"] == "64x32 @ 32x48" and tf32["TFLOP/s"] > 0
+    ratio = fp32["ms"] / tf32["ms"]
+    assert tf32["vs fp32"] == f"{ratio:.2f}x"
+    shown = ratio if ratio >= 1 or "too close" in speed.verdict else 1 / ratio
+    assert printed_ratio(speed.verdict) == pytest.approx(shown, abs=0.006)
+    assert gpu.synchronize_calls > 0 and "no other process on this GPU" in str(speed)
+    gpu.nvml.processes = {0: [(4242, 20 * 2**30)]}  # a co-tenant arrives
+    shared = time_tf32(a, b, "cuda", min_run_time=0.02)
+    assert shared.verdict.startswith("inconclusive, GPU shared with 1 other compute process(es)")
+
+
+@pytest.mark.parametrize("kind", ["t4", "mi300x", "mps"])
+def test_time_tf32_says_why_where_there_is_none(fake_gpu, kind: str) -> None:  # noqa: ANN001
+    gpu = fake_gpu(kind)
+    with pytest.raises(PrecisionError, match="compute capability 8.0 or newer"):
+        time_tf32(torch.randn(4, 4), torch.randn(4, 4), gpu.device)
+
+
+def test_time_tf32_bad_input() -> None:
+    with pytest.raises(PrecisionError, match="cpu has none"):
+        time_tf32(torch.randn(4, 4), torch.randn(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "match"),
+    [
+        (torch.randn(4, 3), torch.randn(4, 3), "an \\(m x k\\) and a \\(k x n\\) matrix"),
+        (torch.randn(4), torch.randn(4, 3), "matrix"),
+        (torch.randn(4, 4).half(), torch.randn(4, 4).half(), "float32 matrices"),
+    ],
+)
+def test_time_tf32_refuses_what_is_not_an_fp32_matmul(fake_gpu, a, b, match: str) -> None:  # noqa: ANN001
+    fake_gpu("a100")
+    with pytest.raises(ValueError, match=match):
+        time_tf32(a, b, "cuda")
+
+
+# ------------------------------------------ AMP's final loss against a new seed (finding 27)
+
+
+def test_the_h100_gap_is_measured_against_the_seed_spread() -> None:
+    """The H100 run's wide MLP: bf16 0.03363 against fp32 0.04518, 26% apart."""
+    within = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0477, 2: 0.0351})
+    assert within.gap == pytest.approx(0.01155) and within.within
+    text = str(within)
+    assert "lower by 0.012, 25.6% of fp32's" in text and "seeds 0, 1, 2" in text
+    assert "within what a new seed changes (0.92x the spread)" in text
+    beyond = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0453})
+    assert not beyond.within and "beyond what a new seed changes (96.2x the spread)" in str(beyond)
+
+
+def test_loss_gap_edge_cases() -> None:
+    assert str(LossGap("fp16", 0.5, {0: 0.5, 1: 0.5})).endswith("identical")
+    assert "fp16 changed it and no seed did" in str(LossGap("fp16", 0.6, {0: 0.5, 1: 0.5}))
+    assert "higher by 0.1" in str(LossGap("fp16", 0.6, {0: 0.5, 1: 0.5}))
+    epoch = LossGap("fp16", 0.3398, {0: 0.3398, 1: 0.3224, 2: 0.3496}, what="mean loss of epoch 1")
+    assert str(epoch).startswith("fp16 mean loss of epoch 1 0.3398 against fp32's 0.3398")
+    with pytest.raises(ValueError, match="at least two seeds"):
+        LossGap("bf16", 0.1, {0: 0.1})
+    with pytest.raises(ValueError, match="finite numbers"):
+        LossGap("bf16", float("nan"), {0: 0.1, 1: 0.2})

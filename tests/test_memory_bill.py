@@ -15,9 +15,11 @@ from helpers.memory_bill import (
     estimate_training_memory,
     measure_training_memory,
     optimizer_kind,
+    outside_allocator,
     plot_bill_sweep,
 )
 from helpers.models import make_mlp, wide_mlp_sizes
+from helpers.validate import DeviceError
 from helpers.widgets import interactive_plot
 
 MiB = 2**20
@@ -208,3 +210,78 @@ def test_cuda_step_phases_reads_each_phase_peak(fake_gpu) -> None:
     start, peak = phases["optimizer.step()"]
     assert start == 1050 * MiB and peak - start == 300 * MiB
     assert all(p.grad is not None for p in model.parameters())  # backward really ran
+
+
+# ------------------------------- the GPU memory outside PyTorch's allocator (AUDIT finding 9)
+
+GiB = 2**30
+
+
+def outside_on(fake_gpu, monkeypatch, others: list, outside: int, **kw):  # noqa: ANN001, ANN003, ANN201
+    """A fake H100 whose whole-device reading shows `outside` bytes beyond the allocator."""
+    gpu = fake_gpu("h100_sxm")
+    gpu.allocate(418 * MiB)
+    gpu.nvml.processes = {0: others}
+    total = gpu.spec.total_memory
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda d=None: (total - gpu.reserved - outside, total)
+    )
+    for name, value in kw.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return outside_allocator("cuda")
+
+
+def test_the_h100_runs_28_gib_split_into_context_and_two_other_notebooks(
+    fake_gpu, monkeypatch
+) -> None:  # noqa: ANN001
+    """The H100 run printed 28.80 GiB 'context + other processes': NVML tells the two apart."""
+    others = [(4242, 17 * GiB), (4343, int(11.2 * GiB))]
+    reading = outside_on(fake_gpu, monkeypatch, others, int(28.8 * GiB))
+    assert reading.outside == int(28.8 * GiB) and reading.reserved == 418 * MiB
+    assert reading.context == int(28.8 * GiB) - int(28.2 * GiB)
+    text = str(reading)
+    assert text.startswith("device memory not held by PyTorch's allocator: 28.80 GiB = 28.20 GiB")
+    assert "held by 2 other process(es) (NVML) + 614.40 MiB this process's CUDA context" in text
+    assert text.endswith("cited context range 0.5-1.8 GiB on an A100")
+
+
+def test_alone_on_the_gpu_everything_outside_is_the_context(fake_gpu, monkeypatch) -> None:  # noqa: ANN001
+    reading = outside_on(fake_gpu, monkeypatch, [], 600 * MiB)
+    assert reading.context == 600 * MiB and not reading.unsplit
+    assert (
+        "600.00 MiB, no other process on this GPU: 600.00 MiB this process's CUDA context"
+        in str(reading)
+    )
+
+
+@pytest.mark.parametrize(
+    ("others", "patch", "why"),
+    [
+        ([(4242, None)], {}, "NVML does not report the other processes' memory here"),
+        ([(4242, 40 * GiB)], {}, "more than the whole outside part"),
+        (
+            [(777001, GiB), (777002, 2 * GiB)],
+            {"is_initialized": lambda: True},
+            "pids from another namespace",
+        ),
+    ],
+)
+def test_what_cannot_be_split_says_why(fake_gpu, monkeypatch, others, patch, why: str) -> None:  # noqa: ANN001
+    reading = outside_on(fake_gpu, monkeypatch, others, 3 * GiB, **patch)
+    assert reading.context is None and why in reading.unsplit
+    assert "(this process's CUDA context + other processes; cannot be split here: " in str(reading)
+
+
+def test_without_nvml_it_cannot_be_split(fake_gpu, monkeypatch) -> None:  # noqa: ANN001
+    gpu = fake_gpu("h100_sxm")
+    gpu.nvml.unsupported = {"processes"}
+    assert "NVML could not list processes" in outside_allocator("cuda").unsplit
+    rocm = fake_gpu("mi300x")
+    assert "NVML does not see AMD GPUs" in str(outside_allocator(rocm.device))
+
+
+@pytest.mark.parametrize("kind", ["cpu", "mps"])
+def test_outside_allocator_needs_cuda(fake_gpu, kind: str) -> None:  # noqa: ANN001
+    device = "cpu" if kind == "cpu" else fake_gpu("mps").device
+    with pytest.raises(DeviceError, match="no CUDA context to measure here"):
+        outside_allocator(device)
