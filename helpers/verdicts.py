@@ -96,8 +96,11 @@ def compare_rows(
         noise = _number(ra, spread) + _number(rb, spread)
     beyond = abs(ratio - 1) > noise
     na, nb = label.format(a), label.format(b)
-    if not beyond:
-        text = f"{na} vs {nb}: too close to call ({ratio:.2f}x, spreads add up to {noise:.0%})"
+    if not beyond:  # the row ahead first, so the ratio reads as in a conclusive verdict
+        ahead, behind, lead = (na, nb, ratio) if ratio >= 1 else (nb, na, 1 / ratio)
+        text = (
+            f"{ahead} vs {behind}: too close to call ({lead:.2f}x, spreads add up to {noise:.0%})"
+        )
     elif ratio > 1:
         text = f"here, {na} was {ratio:.2f}x {better} than {nb}"
     else:

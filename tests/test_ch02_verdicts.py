@@ -99,7 +99,7 @@ def assert_ratio_is_the_tables(text: str, rows: list[dict], key: str, column: st
         printed, expected = float(won[2]), max(va, vb) / min(va, vb)
         names = {won[1], won[3]}
     else:
-        printed, expected = float(close[3]), vb / va
+        printed, expected = float(close[3]), max(va, vb) / min(va, vb)  # ahead named first
         names = {close[1], close[2]}
     assert abs(printed - expected) <= 0.0051, (
         f"printed {printed:.2f}x, the table's rows give {expected:.2f}x: {text}"

@@ -60,7 +60,7 @@ def test_the_printed_ratio_is_always_the_tables(seed: int) -> None:
         row_named(rows, "loss.item() every", b)["ms/epoch"],
     )
     a_better = va / vb if higher else vb / va
-    expected = a_better if (a_better >= 1 or "too close" in verdict) else 1 / a_better
+    expected = max(a_better, 1 / a_better)  # the row ahead is named first
     assert printed_ratio(verdict) == pytest.approx(expected, abs=0.006)
     assert verdict.ratio == pytest.approx(a_better)
     assert a in verdict and b in verdict
