@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
@@ -35,6 +36,7 @@ def rounding_bound(
     dout: torch.Tensor,
     causal: bool = False,
     eps: float | None = None,
+    rounded_to: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """First-order worst-case rounding error of each element of out, dq, dk, dv (chapter 8).
 
@@ -45,16 +47,19 @@ def rounding_bound(
     rounding is counted as eps, twice the unit roundoff, which also covers the few single
     roundings (exp, log, a division, a tile's rescaling) the sums do not name. It bounds one
     computation against the exact result; two computations differ by at most twice this.
+    With ``rounded_to`` (bf16, fp16), the output bound adds that dtype's eps for the two
+    roundings a 16-bit kernel makes: the probabilities before they multiply v, and the output.
     """
     eps = eps if eps is not None else torch.finfo(torch.promote_types(q.dtype, torch.float32)).eps
-    q, k, v, do = (x.detach().double() for x in (q, k, v, dout))
+    q, k, v, do = (x.detach().cpu().double() for x in (q, k, v, dout))  # MPS has no float64
     t, d = q.size(-2), q.size(-1)
     scale = 1 / math.sqrt(d)
     p = _probabilities(q, k, causal)
     out = p @ v
     a_max = (scale * q.abs() @ k.abs().transpose(-2, -1)).amax(-1, keepdim=True)
     e_p = (2 * d * a_max + t + 3) * eps  # relative error of each probability, per row
-    b_out = (e_p + t * eps) * (p @ v.abs())
+    low = torch.finfo(rounded_to).eps if rounded_to is not None else 0.0
+    b_out = (e_p + t * eps + low) * (p @ v.abs())
     dp = do @ v.transpose(-2, -1)
     b_dp = d * eps * (do.abs() @ v.abs().transpose(-2, -1))
     delta = (do * out).sum(-1, keepdim=True)
@@ -88,7 +93,9 @@ def worst_ratio(
 ) -> dict[str, float]:
     """For each tensor, the largest |got - want| / (2 x bound): at most 1 where the bound holds (chapter 8)."""
     return {
-        name: ((got[name].double() - want[name].double()).abs() / (2 * bound[name])).max().item()
+        name: ((got[name].cpu().double() - want[name].cpu().double()).abs() / (2 * bound[name]))
+        .max()
+        .item()
         for name in BOUNDED
     }
 
@@ -130,15 +137,17 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The least-squares slope of log(y) against log(x): 1 for linear growth, 2 for quadratic (chapter 8)."""
     if len(xs) != len(ys) or len(xs) < 2 or min(*xs, *ys) <= 0:
         raise ValueError("loglog_slope needs at least two positive (x, y) pairs of equal count.")
-    lx, ly = torch.tensor(xs, dtype=torch.float64).log(), torch.tensor(ys, dtype=torch.float64).log()
+    lx, ly = (
+        torch.tensor(xs, dtype=torch.float64).log(),
+        torch.tensor(ys, dtype=torch.float64).log(),
+    )
     lx, ly = lx - lx.mean(), ly - ly.mean()
     return float((lx * ly).sum() / (lx * lx).sum())
 
 
 def plot_saved_bytes(rows: Sequence[dict[str, Any]]) -> Figure:
     """Saved MiB against T on log-log axes, one line per attention (chapter 8)."""
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.subplots()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ts = [r["T"] for r in rows]
     for column in [c for c in rows[0] if c.endswith(" MiB")]:
         ax.loglog(ts, [r[column] for r in rows], marker="o", label=column.removesuffix(" MiB"))
@@ -147,6 +156,7 @@ def plot_saved_bytes(rows: Sequence[dict[str, Any]]) -> Figure:
     ax.set_title("what one forward keeps for backward")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    fig.tight_layout()
     return fig
 
 

@@ -35,47 +35,54 @@ GPU_BLOCKS = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
 INTERPRETER_BLOCKS = {"block_m": 16, "block_n": 16}
 
 
-
 def flash_forward_kernel(
-    Q, K, V, O, L,  # noqa: E741, N803 (pointers: q, k, v, the output and the log-sum-exp)
-    seq_len, scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # noqa: N803
-    CAUSAL: tl.constexpr, PRECISION: tl.constexpr,  # noqa: N803
-) -> None:  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    seq_len,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+) -> None:
     """One program: BLOCK_M queries of one (batch, head) against their keys, BLOCK_N at a time (chapter 8)."""
     tile, bh = tl.program_id(0), tl.program_id(1)  # which query tile, which (batch, head)
-    base = bh.to(tl.int64) * seq_len * HEAD_DIM  # q, k, v, o are contiguous (B, H, T, d)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = bh.to(tl.int64) * seq_len * HEAD_DIM  # q, k, v, out are contiguous (B, H, T, d)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # this tile's query positions
     cols = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + base + rows[:, None] * HEAD_DIM + cols[None, :], mask=rows[:, None] < seq_len, other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, base 2
-    l = tl.zeros([BLOCK_M], tl.float32)  # noqa: E741 (running sum of exp2(s - m))
+    tile_rows = base + rows[:, None] * HEAD_DIM + cols[None, :]  # their offsets in q and out
+    q = tl.load(q_ptr + tile_rows, mask=rows[:, None] < seq_len, other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores, base 2
+    ell = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running sum of exp2(s - m) @ v
-    qk_scale = scale * 1.4426950408889634  # 1/sqrt(d), in base 2
+    qk_scale = scale * 1.4426950408889634  # 1/sqrt(d) times log2(e): scores in base 2
     end = seq_len
     if CAUSAL:
         end = tl.minimum((tile + 1) * BLOCK_M, seq_len)  # no key after the tile's last query
     for start in range(0, end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         kv = base + keys[:, None] * HEAD_DIM + cols[None, :]
-        k = tl.load(K + kv, mask=keys[:, None] < seq_len, other=0.0)
-        v = tl.load(V + kv, mask=keys[:, None] < seq_len, other=0.0)
+        k = tl.load(k_ptr + kv, mask=keys[:, None] < seq_len, other=0.0)
+        v = tl.load(v_ptr + kv, mask=keys[:, None] < seq_len, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        hidden = keys[None, :] >= seq_len
+        hidden = keys[None, :] >= seq_len  # past the end
         if CAUSAL:
-            hidden = hidden | (keys[None, :] > rows[:, None])
+            hidden = hidden | (keys[None, :] > rows[:, None])  # the future
         s = tl.where(hidden, float("-inf"), s)
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         rescale = tl.math.exp2(m - m_new)  # how much the old running sums shrink
-        l = l * rescale + tl.sum(p, 1)  # noqa: E741
+        ell = ell * rescale + tl.sum(p, 1)
         acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
-    out = acc / l[:, None]
-    tl.store(O + base + rows[:, None] * HEAD_DIM + cols[None, :], out.to(O.dtype.element_ty),
-             mask=rows[:, None] < seq_len)  # fmt: skip
-    lse = (m + tl.math.log2(l)) / 1.4426950408889634  # back to base e, as flash_forward's
-    tl.store(L + bh.to(tl.int64) * seq_len + rows, lse, mask=rows < seq_len)
+    out = acc / ell[:, None]
+    tl.store(out_ptr + tile_rows, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < seq_len)
+    lse = (m + tl.math.log2(ell)) / 1.4426950408889634  # back to base e, as flash_forward's
+    tl.store(lse_ptr + bh.to(tl.int64) * seq_len + rows, lse, mask=rows < seq_len)
 
 
 #: The kernel wrapped by triton.jit when this module was imported: compiled for a GPU, or
@@ -93,7 +100,9 @@ def triton_missing_reason() -> str:
     system = platform.system()
     if system in ("Darwin", "Windows"):
         return f"Triton has no release for {system}; its kernels run on Linux only."
-    return "the triton package is not installed (pip install triton; CUDA builds of torch bring it)."
+    return (
+        "the triton package is not installed (pip install triton; CUDA builds of torch bring it)."
+    )
 
 
 @dataclass

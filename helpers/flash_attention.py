@@ -60,7 +60,7 @@ def flash_forward(
         qi = q[..., qs : qs + block_q, :].to(acc_dtype) * scale
         rows = torch.arange(qs, qs + qi.size(-2), device=q.device)[:, None]
         m = torch.full(qi.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device)
-        l = torch.zeros_like(m)  # noqa: E741 (the paper's name)
+        ell = torch.zeros_like(m)  # running sum of exp(s - m): the paper's l
         acc = torch.zeros_like(qi)
         last = min(t, qs + block_q) if causal else t  # causal: no key after the tile's last query
         for ks in range(0, last, block_k):
@@ -73,11 +73,11 @@ def flash_forward(
             m_new = torch.maximum(m, s.amax(-1))
             p = torch.exp(s - m_new[..., None])
             rescale = torch.exp(m - m_new)  # how much the old running sums shrink
-            l = l * rescale + p.sum(-1)  # noqa: E741
+            ell = ell * rescale + p.sum(-1)
             acc = acc * rescale[..., None] + p @ vj
             m = m_new
-        out[..., qs : qs + block_q, :] = (acc / l[..., None]).to(q.dtype)
-        lse[..., qs : qs + block_q] = m + torch.log(l)
+        out[..., qs : qs + block_q, :] = (acc / ell[..., None]).to(q.dtype)
+        lse[..., qs : qs + block_q] = m + torch.log(ell)
     return out, lse
 
 
