@@ -74,7 +74,9 @@ def sweep_dtype(device: torch.device) -> tuple[torch.dtype, str]:
         return torch.float32, "a CPU: fp32, its fast format"
     if native_bf16(device):
         return torch.bfloat16, "bf16: the format attention trains in"
-    return torch.float16, "this GPU has no native bf16 (before Ampere): fp16 instead"
+    if device.type == "cuda":
+        return torch.float16, "this GPU has no native bf16 (before Ampere): fp16 instead"
+    return torch.float16, f"no bf16 on this {device.type} device: fp16 instead"
 
 
 def sweep_plan(device: str | torch.device, lengths: Sequence[int] | None = None) -> SweepPlan:
@@ -165,15 +167,20 @@ def check_methods(plan: SweepPlan, t: int = 256) -> list[dict[str, Any]]:
     return rows
 
 
+def sweep_inputs(plan: SweepPlan, t: int) -> list[torch.Tensor]:
+    """q, k, v of the plan's shape at length t, on its device in its dtype, seeded by t (chapter 8)."""
+    g = torch.Generator().manual_seed(t)
+    shape = (plan.batch, plan.heads, t, plan.head_dim)
+    return [torch.randn(shape, generator=g).to(plan.device, plan.dtype) for _ in "qkv"]
+
+
 def _time_one(plan: SweepPlan, name: str, t: int, min_run_time: float) -> dict[str, Any]:
     """One row: median ms, IQR, TFLOP/s and peak memory of one method at one T (chapter 8)."""
     row: dict[str, Any] = {"row": f"{name} @ {t}", "T": t, "method": name}
     if (name, t) in plan.skips:
         return {**row, "note": plan.skips[(name, t)]}
     fn = method_function(name, plan.device)
-    g = torch.Generator().manual_seed(t)
-    shape = (plan.batch, plan.heads, t, plan.head_dim)
-    q, k, v = (torch.randn(shape, generator=g).to(plan.device, plan.dtype) for _ in "qkv")
+    q, k, v = sweep_inputs(plan, t)
     try:
         with torch.no_grad(), track_peak(plan.device) as peak:
             fn(q, k, v)

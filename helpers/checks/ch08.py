@@ -111,7 +111,7 @@ def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tenso
 
 def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
     """Call fn(a, b) checking type, shapes, dtypes and that the inputs come back unchanged (chapter 8)."""
-    copies = [t.clone() for t in (*a, *b)]
+    copies = [(t.clone(), t._version) for t in (*a, *b)]
     with probe(name):
         got = fn(a, b)
     where = f"[probe: {name}] "
@@ -120,7 +120,7 @@ def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
         where + f"return a tuple of three tensors (m, l, acc), not {type(got).__name__}.",
     )
     expect(
-        all(torch.equal(t, c) for t, c in zip((*a, *b), copies)),
+        all(torch.equal(t, c) and t._version == n for t, (c, n) in zip((*a, *b), copies)),
         where
         + "you changed the caller's state in place (mul_, +=, copy_ on an input): build new tensors.",  # fmt: skip
     )
@@ -244,13 +244,21 @@ def _used_names(fn: Callable[..., Any]) -> set[str]:
     return names
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, hide: str = "") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Attention and log-sum-exp in float64, optionally with a typical masking or scaling mistake (chapter 8)."""
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, hide: str = "", block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Attention and log-sum-exp in float64, optionally with a typical masking or scaling mistake (chapter 8).
+
+    "one late" also hides the keys after each query tile's end (given `block`), which a loop
+    that stops at the tile's last query never visits.
+    """
     q, k, v = (x.detach().double() for x in (q, k, v))
     t = q.size(-2)
     s = q @ k.transpose(-2, -1) * (1.0 if hide == "unscaled" else q.size(-1) ** -0.5)
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    hidden = {"": j > i, "diagonal": j >= i, "one late": j > i + 1, "none": j < 0}[hide if hide in ("diagonal", "one late", "none") else ""]  # fmt: skip
+    hidden = {
+        "diagonal": j >= i,
+        "one late": (j > i + 1) | (j >= (i // max(block, 1) + 1) * block if block else j < 0),
+        "none": j < 0,
+    }.get(hide, j > i)
     if causal:
         s = s.masked_fill(hidden, -math.inf)
     lse = torch.logsumexp(s, -1)
@@ -274,7 +282,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
             ),  # fmt: skip
             ("one late", "the mask is one position late: query i saw key i + 1. Hide j > i."),
         ):
-            if close(out, _reference(*qkv, causal, hide)[0]):
+            if close(out, _reference(*qkv, causal, hide, block)[0]):
                 return hint
     if close(out, _reference(*qkv, causal, "unscaled")[0]):
         return "the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim)."
@@ -296,7 +304,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
 
 def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
     """Call the learner's forward under watch; check types, shapes, dtypes, inputs unchanged (chapter 8)."""
-    copies = [t.clone() for t in qkv]
+    copies = [(t.clone(), t._version) for t in qkv]
     with probe(name), _NoWholeRowHelpers(), _Watch() as watch:
         got = fn(*qkv, causal=causal, block=block)
     where = f"[probe: {name}] "
@@ -306,7 +314,11 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
     )
     out, lse = got
     q = qkv[0]
-    expect(all(torch.equal(t, c) for t, c in zip(qkv, copies)), where + "you changed q, k or v in place.")  # fmt: skip
+    expect(
+        all(torch.equal(t, c) and t._version == n for t, (c, n) in zip(qkv, copies)),
+        where + "you changed q, k or v in place (mul_, div_, masked_fill_ on an input): the "
+        "caller's tensors must come back as they were.",
+    )
     expect(out.shape == q.shape, where + f"out has shape {tuple(out.shape)}; it must be q's, {tuple(q.shape)}.")  # fmt: skip
     expect(lse.shape == q.shape[:-1], where + f"lse has shape {tuple(lse.shape)}; one number per query row: {tuple(q.shape[:-1])}.")  # fmt: skip
     expect(out.dtype == q.dtype, where + f"out is {out.dtype} for {q.dtype} inputs: compute in float32 if you like, then cast back (.to(q.dtype)).")  # fmt: skip
