@@ -15,7 +15,7 @@ Attention part (attention_part):
    attention, and the Triton kernel where it compiles) is first checked against SDPA at
    T = 256 within twice helpers.attention_tiles.rounding_bound, then timed with
    helpers.timing.benchmark (causal forward, no grad): T = 512..8192, batch 4 x 16 heads x 64
-   in bf16 on a GPU (fp16 without native bf16); T = 256..1024, 1 x 4 x 64 in fp32 on a CPU.
+   in bf16 on a GPU (fp16 without native bf16); T = 128..512, 1 x 4 x 64 in fp32 on a CPU.
    Peak memory per forward (on top of its inputs) from torch.cuda.max_memory_allocated.
 
 Targets (issue 26), printed, never asserted: CPU, the tiles' saved bytes at T = 4096 at most

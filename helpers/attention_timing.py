@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers.attention_tiles import rounding_bound
+from helpers.attention_tiles import loglog_slope, rounding_bound
 from helpers.attention_triton import triton_flash_forward, triton_status
 from helpers.devices import native_bf16, resolve_device
 from helpers.flash_attention import flash_forward
@@ -30,10 +30,10 @@ from helpers.verdicts import Verdict, compare_rows
 
 #: The sequence lengths the GPU sweep times, and the CPU's shorter version of it.
 GPU_LENGTHS = (512, 1024, 2048, 4096, 8192)
-CPU_LENGTHS = (256, 512, 1024)
+CPU_LENGTHS = (128, 256, 512)
 #: SDPA's kernels, timed one by one so the fastest can be named (the default pick is one of them).
 SDPA_KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}  # fmt: skip
-#: Query tiles of the PyTorch tiles on a GPU: bigger tiles, fewer launches.
+#: Query and key tiles of the PyTorch tiles in the sweep: bigger tiles, fewer launches.
 GPU_TILE = 128
 
 
@@ -122,7 +122,7 @@ def _sdpa_with(
 
 def method_function(name: str, device: torch.device) -> Callable[..., torch.Tensor]:
     """The causal forward a method name stands for, as f(q, k, v) -> output (chapter 8)."""
-    tile = GPU_TILE if device.type == "cuda" else 64
+    tile = GPU_TILE
     functions: dict[str, Callable[..., Any]] = {
         "sdpa default": partial(_sdpa_with, None),
         "pytorch tiles": lambda q, k, v: flash_forward(q, k, v, True, tile, tile)[0],
@@ -227,6 +227,16 @@ def triton_verdicts(rows: Sequence[dict[str, Any]], min_t: int = 2048) -> list[V
             if other in names:
                 verdicts.append(compare_rows(rows, "row", mine, other, "ms", iqr="IQR ms", machine=machine))  # fmt: skip
     return verdicts
+
+
+def memory_slopes(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per method with a peak at two or more T: how its peak memory grows, as a power of T (chapter 8)."""
+    slopes = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        measured = [r for r in rows if r["method"] == method and r.get("peak MiB", 0) > 0]
+        if len(measured) >= 2:
+            slopes[method] = loglog_slope([r["T"] for r in measured], [r["peak MiB"] for r in measured])  # fmt: skip
+    return slopes
 
 
 def plot_attention_timing(rows: Sequence[dict[str, Any]]) -> Figure:

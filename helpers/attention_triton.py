@@ -29,9 +29,13 @@ except ImportError:  # macOS, Windows, or not installed: the chapter says so and
     triton = None
     tl = SimpleNamespace(constexpr="constexpr")  # for the kernel's annotations; it never runs
 
-#: Tile sizes for the compiled kernel (queries, keys), warps and pipeline stages per program,
-#: and the smaller tiles the interpreter uses (it runs each program in numpy, one at a time).
+#: Tile sizes for the compiled kernel (queries, keys), warps and pipeline stages per program:
+#: 16-bit on Ampere and later, 16-bit before Ampere (a T4's 64 KiB of shared memory), float32
+#: (twice the bytes per tile); and the smaller tiles the interpreter uses (it runs each
+#: program in numpy, one at a time).
 GPU_BLOCKS = {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
+GPU_BLOCKS_PRE_AMPERE = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+GPU_BLOCKS_FP32 = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}
 INTERPRETER_BLOCKS = {"block_m": 16, "block_n": 16}
 
 
@@ -164,6 +168,14 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError("q, k and v must be on one device, in one dtype.")
 
 
+def gpu_blocks(q: torch.Tensor) -> dict[str, int]:
+    """Tiles, warps and stages for the compiled kernel, by q's dtype and the GPU's generation (chapter 8)."""
+    if q.dtype == torch.float32:
+        return GPU_BLOCKS_FP32
+    ampere = torch.version.hip is not None or torch.cuda.get_device_capability(q.device) >= (8, 0)
+    return GPU_BLOCKS if ampere else GPU_BLOCKS_PRE_AMPERE
+
+
 def triton_flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, **blocks: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +189,7 @@ def triton_flash_forward(
             f"q is on {q.device}, but {triton_status(q.device)}. The interpreter takes CPU "
             "tensors, a compiled kernel CUDA tensors."
         )
-    options = {**(INTERPRETER_BLOCKS if interpret else GPU_BLOCKS), **blocks}
+    options = {**(INTERPRETER_BLOCKS if interpret else gpu_blocks(q)), **blocks}
     block_m, block_n = options.pop("block_m"), options.pop("block_n")
     q, k, v = (x.contiguous() for x in (q, k, v))
     b, h, t, d = q.shape

@@ -152,3 +152,19 @@ def test_helpers_of_the_sweep() -> None:
     q = torch.randn(1, 1, 8, 16)
     for name in ("sdpa default", "pytorch tiles", "written out"):
         assert tm.method_function(name, torch.device("cpu"))(q, q, q).shape == q.shape
+
+
+def test_memory_slopes_from_the_peaks() -> None:
+    rows = [
+        {"method": m, "T": t, "peak MiB": peak}
+        for t in (512, 1024, 2048)
+        for m, peak in (
+            ("written out", 3 * (t / 512) ** 2),
+            ("triton", t / 512),
+            ("sdpa default", 0.0),
+        )
+    ]
+    rows.append({"method": "pytorch tiles", "T": 512, "peak MiB": 1.0})  # one point: no slope
+    slopes = tm.memory_slopes(rows)
+    assert slopes == pytest.approx({"written out": 2.0, "triton": 1.0})
+    assert tm.memory_slopes([{"method": "sdpa default", "T": 128, "ms": 1.0}]) == {}

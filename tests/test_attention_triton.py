@@ -137,3 +137,25 @@ def test_interpreter_probe_reports_an_error(monkeypatch: pytest.MonkeyPatch) -> 
         assert "differs" in at._interpreter_fails()
     finally:
         at._interpreter_fails.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("kind", "dtype", "blocks"),
+    [
+        ("h100_sxm", torch.bfloat16, at.GPU_BLOCKS),
+        ("a100", torch.float16, at.GPU_BLOCKS),
+        ("t4", torch.float16, at.GPU_BLOCKS_PRE_AMPERE),
+        ("mi300x", torch.bfloat16, at.GPU_BLOCKS),
+        ("h100_sxm", torch.float32, at.GPU_BLOCKS_FP32),
+        ("t4", torch.float32, at.GPU_BLOCKS_FP32),
+    ],
+)
+def test_gpu_blocks_by_dtype_and_generation(fake_gpu, kind, dtype, blocks) -> None:
+    gpu = fake_gpu(kind)
+
+    class OnTheGpu:  # the dtype and device of a tensor, without a kernel launch
+        pass
+
+    q = OnTheGpu()
+    q.dtype, q.device = dtype, gpu.device
+    assert at.gpu_blocks(q) == blocks
