@@ -74,6 +74,15 @@ def rounding_bound(
     return dict(zip(BOUNDED, (b_out, b_dq, b_dk, b_dv)))
 
 
+def lse_rounding_bound(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Rounding bound of each row's log-sum-exp: its scores' d-term sums, then T terms and a log (chapter 8)."""
+    eps = torch.finfo(torch.promote_types(q.dtype, torch.float32)).eps
+    q, k = (x.detach().cpu().double() for x in (q, k))
+    t, d = q.size(-2), q.size(-1)
+    a_max = (q.abs() @ k.abs().transpose(-2, -1) / math.sqrt(d)).amax(-1)
+    return (2 * d * a_max + t + 3) * eps
+
+
 def attention_and_grads(
     attention: Callable[..., torch.Tensor],
     q: torch.Tensor,

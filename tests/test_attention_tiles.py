@@ -15,6 +15,7 @@ from helpers.attention_tiles import (
     BOUNDED,
     attention_and_grads,
     loglog_slope,
+    lse_rounding_bound,
     plot_saved_bytes,
     rounding_bound,
     saved_bytes,
@@ -100,3 +101,13 @@ def test_loglog_slope() -> None:
 def test_sdpa_wrapper_passes_causal() -> None:
     q, k, v, _ = fp32_inputs((1, 1, 8, 4), 2)
     assert torch.equal(sdpa(q, k, v, True), F.scaled_dot_product_attention(q, k, v, is_causal=True))  # fmt: skip
+
+
+def test_lse_bound_holds_and_uses_the_inputs_eps() -> None:
+    q, k, v, _ = fp32_inputs((1, 2, 64, 16), 4, size=3.0)
+    got = torch.logsumexp(q @ k.transpose(-2, -1) / 4, -1).double()
+    want = torch.logsumexp(q.double() @ k.double().transpose(-2, -1) / 4, -1)
+    bound = lse_rounding_bound(q, k)
+    assert ((got - want).abs() <= bound).all()
+    ratio = torch.finfo(torch.float32).eps / torch.finfo(torch.float64).eps
+    assert torch.allclose(bound / lse_rounding_bound(q.double(), k.double()), torch.full_like(bound, ratio))  # fmt: skip

@@ -150,7 +150,12 @@ def test_helpers_of_the_sweep() -> None:
     with pytest.raises(ValueError, match="Unknown method 'flash3'"):
         tm.method_function("flash3", torch.device("cpu"))
     q = torch.randn(1, 1, 8, 16)
-    for name in ("sdpa default", "pytorch tiles", "written out"):
+    for name in (
+        "sdpa default",
+        "sdpa flash",
+        "pytorch tiles",
+        "written out",
+    ):  # flash: a CPU kernel too
         assert tm.method_function(name, torch.device("cpu"))(q, q, q).shape == q.shape
 
 

@@ -136,6 +136,13 @@ def in_bf16(q, k, v, causal=False, block=16):
     return out, lse.float() if lse.dtype == torch.bfloat16 else lse  # tiles still in bf16
 
 
+def with_a_nan(q, k, v, causal=False, block=16):
+    out, lse = tiled(q, k, v, causal, block)
+    out = out.clone()
+    out[..., -1, 0] = math.nan
+    return out, lse
+
+
 def full_scores_first(q, k, v, causal=False, block=16):
     s = q @ k.transpose(-2, -1)  # the whole T x T, then tiles of it
     del s
@@ -202,6 +209,7 @@ TILED_MISTAKES = [
         "in place",
     ),
     (full_scores_first, "no T x T scores ever exist"),
+    (with_a_nan, "your output has NaN"),
     (with_softmax, "you called softmax"),
     (calls_the_helper, "you called flash_forward"),
     (

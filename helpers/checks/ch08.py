@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.attention_tiles import rounding_bound
+from helpers.attention_tiles import lse_rounding_bound, rounding_bound
 from helpers.attention_triton import triton_status
 from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
 from helpers.flash_attention import flash_backward, flash_forward
@@ -326,15 +326,6 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
     return out, lse, watch
 
 
-def _lse_bound(qkv: list[torch.Tensor], causal: bool) -> torch.Tensor:
-    """Rounding bound of each log-sum-exp: its scores' d-term sums, then T terms and a log (chapter 8)."""
-    q, k, _ = (x.detach().double() for x in qkv)
-    t, d = q.size(-2), q.size(-1)
-    eps = torch.finfo(torch.promote_types(qkv[0].dtype, torch.float32)).eps
-    a_max = (q.abs() @ k.abs().transpose(-2, -1) / math.sqrt(d)).amax(-1)
-    return (2 * d * a_max + t + 3) * eps
-
-
 def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...], dtype: torch.dtype, causal: bool, block: int, size: float = 1.0) -> _Watch:  # fmt: skip
     """Output and log-sum-exp against the exact ones, within twice the rounding bound (chapter 8)."""
     g = torch.Generator().manual_seed(sum(shape) + block)
@@ -344,7 +335,9 @@ def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...]
     want, want_lse = _reference(*qkv, causal)
     bound = rounding_bound(*qkv, torch.zeros_like(qkv[0]), causal, rounded_to=dtype if dtype.itemsize < 4 else None)["out"]  # fmt: skip
     ok = bool(((out.double() - want).abs() <= 2 * bound).all())
-    ok = ok and bool(((lse.double() - want_lse).abs() <= 2 * _lse_bound(qkv, causal)).all())
+    ok = ok and bool(
+        ((lse.double() - want_lse).abs() <= 2 * lse_rounding_bound(qkv[0], qkv[1])).all()
+    )
     if not ok:
         if size > 10 and not torch.isfinite(out).all():
             raise CheckFailed(f"[probe: {name}] scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")  # fmt: skip
