@@ -47,8 +47,10 @@ def rounding_bound(
     rounding is counted as eps, twice the unit roundoff, which also covers the few single
     roundings (exp, log, a division, a tile's rescaling) the sums do not name. It bounds one
     computation against the exact result; two computations differ by at most twice this.
-    With ``rounded_to`` (bf16, fp16), the output bound adds that dtype's eps for the two
-    roundings a 16-bit kernel makes: the probabilities before they multiply v, and the output.
+    With ``rounded_to`` (bf16, fp16), the output bound adds that dtype's eps for the roundings
+    a 16-bit computation may make: the probabilities before they multiply v and the output
+    (eps), and the scores themselves, as a 16-bit matmul and scaling return them, which moves
+    each probability by up to 2 x eps x its largest score's terms.
     """
     eps = eps if eps is not None else torch.finfo(torch.promote_types(q.dtype, torch.float32)).eps
     q, k, v, do = (x.detach().cpu().double() for x in (q, k, v, dout))  # MPS has no float64
@@ -59,7 +61,7 @@ def rounding_bound(
     a_max = (scale * q.abs() @ k.abs().transpose(-2, -1)).amax(-1, keepdim=True)
     e_p = (2 * d * a_max + t + 3) * eps  # relative error of each probability, per row
     low = torch.finfo(rounded_to).eps if rounded_to is not None else 0.0
-    b_out = (e_p + t * eps + low) * (p @ v.abs())
+    b_out = (e_p + t * eps + low * (1 + 2 * a_max)) * (p @ v.abs())
     dp = do @ v.transpose(-2, -1)
     b_dp = d * eps * (do.abs() @ v.abs().transpose(-2, -1))
     delta = (do * out).sum(-1, keepdim=True)
