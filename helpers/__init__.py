@@ -64,6 +64,16 @@ Chapter 6, profiling
 Chapter 7, capstone
 - ``helpers.gpt``: a small GPT (decoder-only transformer) and the text it trains on
 - ``helpers.capstone``: the levers switched on one at a time, measured into one table
+
+Chapter 8, build it yourself
+- ``helpers.flash_attention``: online softmax, the FlashAttention-2 forward and its backward
+  by recomputation, in plain PyTorch
+- ``helpers.attention_tiles``: the rounding bound the attention checks use, and saved bytes
+  against the sequence length
+- ``helpers.attention_triton``: the same forward as one Triton kernel (compiled on a GPU,
+  interpreted on a CPU), and whether Triton can run here
+- ``helpers.attention_timing``: SDPA, the tiles, the written-out attention and Triton timed
+  side by side, with their memory
 """
 
 __version__ = "0.1.0"

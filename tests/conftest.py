@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Chapter 8's Triton kernel: without a GPU, Triton can only run kernels in its interpreter,
+# which must be chosen before anything imports triton (it wraps its own library functions
+# then). Set here, before any test module is imported; notebooks started by nbval inherit it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

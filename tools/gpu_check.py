@@ -66,6 +66,7 @@ QUICK_BENCHMARK_ARGS: dict[str, list[str]] = {
     "ch05_memory": ["--min-run-time", "0.1"],
     "ch06_case_study": ["--samples", "2048", "--min-run-time", "0.2"],
     "ch07_capstone": ["--rounds", "1", "--min-run-time", "0.1"],
+    "ch08_build_it": ["--min-run-time", "0.1", "--lengths", "2048"],
 }
 #: The chapter 4 scripts the NCCL part runs, with small settings; "one_launch" runs these jobs
 #: in one launch, as the chapter does (its jobs' results go to a folder each).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import linecache
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,11 @@ def exercise_namespace(path: Path | str) -> dict[str, Any]:
     cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
     if not cells:
         raise AssertionError(f"{path.name}: no exercise cells found")
-    for cell in cells:
+    for n, cell in enumerate(cells):
         ast.parse(cell.source)  # magics are not allowed in exercise cells
-        exec(compile(cell.source, f"{path.name}", "exec"), namespace)
+        # Each cell's source goes into linecache, as IPython does, so that code which reads its
+        # own source (inspect.getsource, triton.jit) works on the functions defined here.
+        filename = f"<{path.name} cell {n}>"
+        linecache.cache[filename] = (len(cell.source), None, cell.source.splitlines(True), filename)
+        exec(compile(cell.source, filename, "exec"), namespace)
     return namespace

@@ -15,7 +15,7 @@ which prints one line:
 
 While probes run, ``FutureWarning`` is an error: a deprecated API fails the check.
 
-Chapter checkers live in ``helpers.checks.ch01`` ... ``helpers.checks.ch07``.
+Chapter checkers live in ``helpers.checks.ch01`` ... ``helpers.checks.ch08``.
 """
 
 from __future__ import annotations

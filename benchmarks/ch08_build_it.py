@@ -1,0 +1,154 @@
+"""Chapter 8 benchmark: the pieces built by hand against the library they replace.
+
+    python benchmarks/ch08_build_it.py                      # the device pick_device() chooses
+    python benchmarks/ch08_build_it.py --device cpu --min-run-time 0.1
+    python benchmarks/ch08_build_it.py --lengths 2048 4096  # a shorter GPU sweep
+    python benchmarks/ch08_build_it.py --threads 1          # a shared CPU: 2 threads can stall
+
+Attention part (attention_part):
+
+1. Saved bytes: one causal forward of the written-out attention (helpers.gpt.manual_attention)
+   and of the PyTorch tiles (helpers.flash_attention.flash_attention), one head of width 64,
+   T = 1024, 2048, 4096 on the CPU, measured with chapter 5's meter (q, k, v excluded).
+2. Correctness, then time: on the device, every method of helpers.attention_timing.sweep_plan
+   (SDPA's kernels one by one and its default pick, the PyTorch tiles, the written-out
+   attention, and the Triton kernel where it compiles) is first checked against SDPA at
+   T = 256 within twice helpers.attention_tiles.rounding_bound, then timed with
+   helpers.timing.benchmark (causal forward, no grad): T = 512..8192, batch 4 x 16 heads x 64
+   in bf16 on a GPU (fp16 without native bf16); T = 128..512, 1 x 4 x 64 in fp32 on a CPU.
+   Peak memory per forward (on top of its inputs) from torch.cuda.max_memory_allocated.
+
+Targets (issue 26), printed, never asserted: CPU, the tiles' saved bytes at T = 4096 at most
+1/8 of the written-out attention's; GPU (H100 class), the Triton forward within 2x of SDPA's
+fastest kernel at T >= 2048 (d = 64, bf16) and faster than the PyTorch tiles. The exit status
+is 1 only when a correctness check failed.
+
+A parallel part (data parallelism by hand) is added by calling its own function from main().
+
+Version 1. When changing how this script measures, bump the version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from functools import partial
+
+import torch
+
+from helpers.attention_tiles import saved_bytes_sweep
+from helpers.attention_timing import (
+    attention_timing_sweep,
+    check_methods,
+    fastest_sdpa,
+    sweep_machine,
+    sweep_plan,
+    triton_verdicts,
+    within,
+)
+from helpers.devices import cpu_name, describe_device, pick_device
+from helpers.flash_attention import flash_attention
+from helpers.gpt import manual_attention
+from helpers.tables import print_table
+
+VERSION = 1
+SAVED_LENGTHS = (1024, 2048, 4096)
+TARGET_SAVED = 1 / 8  # tiles' saved bytes / written-out's at T = 4096, at most
+TARGET_TRITON = 2.0  # Triton's time / SDPA's fastest kernel's at T >= 2048, at most
+
+
+def saved_bytes_part() -> list[str]:
+    """Saved bytes table and the CPU target line; returns the lines of failures (none here)."""
+    attentions = {
+        "written out": manual_attention,
+        "tiles": partial(flash_attention, causal=True, block_q=256, block_k=256),
+    }
+    rows = saved_bytes_sweep(attentions, SAVED_LENGTHS, head_dim=64)
+    for row in rows:
+        row["tiles / written out"] = row["tiles MiB"] / row["written out MiB"]
+    print("\nsaved for backward by one causal forward, 1 head x 64, q, k, v excluded (CPU)\n")
+    print_table(rows)
+    last = rows[-1]
+    ratio = last["tiles / written out"]
+    verdict = "meets" if ratio <= TARGET_SAVED else "MISSES"
+    print(f"CPU target: tiles at T = {last['T']} at most 1/8 of the written-out attention's bytes; {ratio:.2%} {verdict} it")  # fmt: skip
+    return []
+
+
+def timing_part(device: torch.device, lengths: list[int] | None, min_run_time: float) -> list[str]:
+    """Correctness check and timing table on the device, the verdicts and the GPU target lines."""
+    plan = sweep_plan(device, lengths)
+    print(f"\ncausal attention forward on {plan}\n")
+    checked = check_methods(plan)
+    print("correctness first: worst |method - SDPA| / (2 x rounding bound) at T = 256")
+    print_table(checked)
+    failed = [c["method"] for c in checked if not c["note"] and not c["worst / bound"] <= 1]
+    rows = attention_timing_sweep(plan, min_run_time=min_run_time)
+    columns = [c for c in ("row", "ms", "IQR ms", "TFLOP/s", "peak MiB", "note") if any(c in r for r in rows)]  # fmt: skip
+    print(f"\n{min_run_time:g} s of timing per row (helpers.timing.benchmark, no grad)\n")
+    print_table(rows, columns)
+    print(sweep_machine(rows) or "machine: no row was timed")
+    for verdict in triton_verdicts(rows):
+        print(verdict)
+    triton_targets(rows, plan.lengths)
+    return [f"{name} differs from SDPA beyond the rounding bound" for name in failed]
+
+
+def triton_targets(rows: list[dict], lengths: tuple[int, ...]) -> None:
+    """The GPU target lines: Triton within 2x of SDPA's fastest kernel, and faster than the tiles."""
+    timed = {r["row"] for r in rows if "ms" in r}
+    long = [t for t in lengths if t >= 2048 and f"triton @ {t}" in timed]
+    if not long:
+        print(
+            "GPU target: n/a here, no compiled Triton kernel was timed at T >= 2048 (needs a GPU)"
+        )
+        return
+    for t in long:
+        best = fastest_sdpa(rows, t)
+        ratio = within(rows, f"triton @ {t}", best) if best else math.inf
+        tiles = f"pytorch tiles @ {t}"
+        vs_tiles = within(rows, f"triton @ {t}", tiles) if tiles in timed else math.inf
+        ok = "meets" if ratio <= TARGET_TRITON and vs_tiles < 1 else "MISSES"
+        print(f"GPU target at T = {t}: triton {ratio:.2f}x the time of {best}, {vs_tiles:.2f}x the PyTorch tiles' ({ok} <= {TARGET_TRITON:g}x and < 1x)")  # fmt: skip
+
+
+def attention_part(args: argparse.Namespace) -> list[str]:
+    """Sections 1-2 of chapter 8: saved bytes, then correctness and timing; the failures."""
+    failures = saved_bytes_part()
+    return failures + timing_part(args.device, args.lengths, args.min_run_time)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; bad values exit with status 2 and a message."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: best)")
+    parser.add_argument("--min-run-time", type=float, default=0.3, help="seconds of timing per row")  # fmt: skip
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths to time")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU")
+    args = parser.parse_args(argv)
+    if not args.min_run_time > 0:
+        parser.error("--min-run-time must be > 0 seconds")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    if args.lengths is not None and min(args.lengths) < 1:
+        parser.error("--lengths must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every part; exit status 1 if a correctness check failed."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = pick_device(args.device)
+    print(f"chapter 8 benchmark v{VERSION}: built by hand vs the library")
+    print(f"torch {torch.__version__}; CPU {cpu_name()}; {torch.get_num_threads()} threads")
+    print(describe_device(args.device))
+    failures = attention_part(args)
+    for failure in failures:
+        print(f"CHECK FAILED: {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

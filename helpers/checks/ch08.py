@@ -1,0 +1,455 @@
+"""Checkers for the chapter 8 exercises (build it yourself) (chapter 8).
+
+Each ``check_*`` takes the learner's function, runs probes that a plausible wrong answer
+fails (shapes, dtypes, large scores, empty tiles, side effects and the order of the work, not
+only the value returned) and prints ✅, ❌ with a hint, or ⏳ for an untouched stub. None of
+them raises. Tolerances come from ``helpers.attention_tiles.rounding_bound``: n x eps x the
+sum of absolute terms, followed through each sum (never tuned to a seed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers.attention_tiles import lse_rounding_bound, rounding_bound
+from helpers.attention_triton import triton_status
+from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
+from helpers.flash_attention import flash_backward, flash_forward
+
+#: The status of a check that could not run here (Triton missing), printed with ⏭.
+SKIP = "skip"
+
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+# --- exercise 1: merging two softmax states ------------------------------------------------------
+
+
+def _state(scores: torch.Tensor, values: torch.Tensor) -> State:
+    """(max, sum of exp(x - max), sum of exp(x - max) * value) of each row of scores (chapter 8)."""
+    m = scores.amax(-1)
+    e = torch.exp(scores - m[..., None])
+    return m, e.sum(-1), e @ values
+
+
+def _empty_state(like: State) -> State:
+    """The state of a tile whose keys are all hidden: max -inf, sums 0 (chapter 8)."""
+    m, ell, acc = like
+    return torch.full_like(m, -math.inf), torch.zeros_like(ell), torch.zeros_like(acc)
+
+
+def _merge(a: State, b: State, mistake: str = "") -> State:
+    """The right merge of two states, or one typical mistake (chapter 8)."""
+    (ma, la, acca), (mb, lb, accb) = a, b
+    m = torch.minimum(ma, mb) if mistake == "min" else torch.maximum(ma, mb)
+    safe = m if mistake == "nan on empty" else torch.where(torch.isinf(m), 0.0, m)
+    if mistake == "flipped":
+        sa, sb = torch.exp(safe - ma), torch.exp(safe - mb)
+    else:
+        sa, sb = torch.exp(ma - safe), torch.exp(mb - safe)
+    ell = la + lb if mistake in ("sum not rescaled", "nothing rescaled") else la * sa + lb * sb
+    if mistake in ("acc not rescaled", "nothing rescaled"):
+        acc = acca + accb
+    else:
+        acc = acca * sa[..., None] + accb * sb[..., None]
+    if mistake == "normalised":
+        acc = acc / ell[..., None]
+    return m, ell, acc
+
+
+_MERGE_HINTS = {
+    "sum not rescaled": "you added l_a + l_b as they are, but each sum was taken against its own "
+    "max: rescale both to the common max m first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m).",
+    "acc not rescaled": "the sums are right but acc is not: acc was accumulated against the same "
+    "max as l, so it needs the same factors, acc_a * exp(m_a - m) + acc_b * exp(m_b - m) "
+    "(one factor per row: unsqueeze it over the last dimension).",
+    "nothing rescaled": "you added the sums and the accumulators as they are; each was taken "
+    "against its own max: multiply state a's by exp(m_a - m) and b's by exp(m_b - m).",
+    "min": "the common max is the larger of the two (torch.maximum), not the smaller: against a "
+    "smaller one the exps of the other tile can overflow.",
+    "flipped": "the factors are upside down: exp(m_a - m) (at most 1, the sum shrinks to the "
+    "larger max), not exp(m - m_a).",
+    "normalised": "you divided acc by l: keep acc unnormalised (sum of exp(s - m) * v), so that "
+    "more tiles can still be merged in; divide once, at the very end.",
+}
+
+
+def _merge_hint(got: State, a: State, b: State) -> str:
+    """Name the mistake whose result matches `got`, or say which part is off (chapter 8)."""
+    for mistake, hint in _MERGE_HINTS.items():
+        wrong = _merge(a, b, mistake)
+        if all(torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9, equal_nan=True) for g, w in zip(got, wrong)):  # fmt: skip
+            return hint
+    want = _merge(a, b)
+    parts = [n for n, g, w in zip(("m", "l", "acc"), got, want) if not torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9)]  # fmt: skip
+    return f"{', '.join(parts)} differ from the merged state: m = max(m_a, m_b); l and acc are the sum of each state's, each times exp(its m - m)."  # fmt: skip
+
+
+def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Per part of the merged state, its rounding bound in `dtype`, from the inputs as given (chapter 8).
+
+    m is exact. Each factor exp(m_x - m) carries |m_x - m| x eps from the subtraction and
+    eps from the exp; each product and the sum add one eps more (counted as 3).
+    """
+    eps = torch.finfo(dtype).eps
+    (ma, la, acca), (mb, lb, accb) = ((t.double() for t in s) for s in (a, b))
+    m = torch.maximum(ma, mb)
+    safe = torch.where(torch.isinf(m), 0.0, m)
+    terms = [
+        ((safe - mx).nan_to_num(posinf=0.0) + 3, torch.exp(mx - safe)) for mx in (ma, mb)
+    ]  # (relative error in eps, factor) of each state
+    ell = sum(rel * f * lx.abs() for (rel, f), lx in zip(terms, (la, lb)))
+    acc = sum((rel * f)[..., None] * ax.abs() for (rel, f), ax in zip(terms, (acca, accb)))
+    return [torch.zeros_like(m), eps * ell, eps * acc]
+
+
+def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
+    """Call fn(a, b) checking type, shapes, dtypes and that the inputs come back unchanged (chapter 8)."""
+    copies = [(t.clone(), t._version) for t in (*a, *b)]
+    with probe(name):
+        got = fn(a, b)
+    where = f"[probe: {name}] "
+    expect(
+        isinstance(got, tuple) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got),
+        where + f"return a tuple of three tensors (m, l, acc), not {type(got).__name__}.",
+    )
+    expect(
+        all(torch.equal(t, c) and t._version == n for t, (c, n) in zip((*a, *b), copies)),
+        where
+        + "you changed the caller's state in place (mul_, +=, copy_ on an input): build new tensors.",  # fmt: skip
+    )
+    for part, g, w in zip(("m", "l", "acc"), got, a):
+        expect(g.shape == w.shape, where + f"{part} has shape {tuple(g.shape)}, expected {tuple(w.shape)}.")  # fmt: skip
+        expect(g.dtype == w.dtype, where + f"{part} is {g.dtype}, the inputs are {w.dtype}: keep it.")  # fmt: skip
+    return got
+
+
+def _merge_probe(fn: Callable[..., Any], name: str, rows: tuple[int, ...], dtype: torch.dtype, size: float, seed: int) -> None:  # fmt: skip
+    """Two tiles of real scores: the merge must equal the state of both tiles at once (chapter 8)."""
+    g = torch.Generator().manual_seed(seed)
+    xa, xb = (size * torch.randn(*rows, n, generator=g, dtype=torch.float64) for n in (5, 7))
+    va, vb = (torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (5, 7))
+    a, b = (tuple(t.to(dtype) for t in _state(x, v)) for x, v in ((xa, va), (xb, vb)))
+    got = _call_merge(fn, name, a, b)
+    want = _merge(*(tuple(t.double() for t in s) for s in (a, b)))  # exact, from the inputs given
+    tol = _merge_tolerance(a, b, dtype)
+    if any(torch.isnan(t).any() for t in got) or not all(
+        ((gp.double() - w).abs() <= t).all() for gp, w, t in zip(got, want, tol)
+    ):
+        hint = _merge_hint(got, a, b)
+        if size > 10 and any(not torch.isfinite(t).all() for t in got):
+            hint = "with scores of about 100, exp overflows: never take exp of a max or a score alone, only exp(m_a - m) and exp(m_b - m), which are at most 1."  # fmt: skip
+        raise CheckFailed(f"[probe: {name}] " + hint)
+
+
+def _empty_probe(fn: Callable[..., Any]) -> None:
+    """A tile whose keys are all hidden, (-inf, 0, 0), merged with a real one or with itself (chapter 8)."""
+    g = torch.Generator().manual_seed(5)
+    real = _state(torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g))
+    empty = _empty_state(real)
+    for name, a, b, want in (
+        ("an empty tile merged into a real one", real, empty, real),
+        ("a real tile merged into an empty one", empty, real, real),
+        ("two empty tiles", empty, empty, empty),
+    ):
+        got = _call_merge(fn, name, a, b)
+        ok = all(torch.allclose(gp, w, rtol=1e-6, atol=0) or torch.equal(gp, w) for gp, w in zip(got, want))  # fmt: skip
+        if not ok:
+            nan = any(torch.isnan(t).any() for t in got)
+            raise CheckFailed(
+                f"[probe: {name}] "
+                + (
+                    "you got NaN: with both maxes -inf, exp(m_a - m) is exp(-inf - (-inf)) = "
+                    "exp(nan). Use a safe max for the factors, e.g. m_safe = torch.where("
+                    "torch.isinf(m), 0, m), then exp(m_a - m_safe) is exp(-inf) = 0."
+                    if nan
+                    else "merging a tile that saw no key (m = -inf, l = 0, acc = 0) must change "
+                    "nothing: " + _merge_hint(got, a, b)
+                )
+            )
+
+
+def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
+    """Exercise 1: merge two (max, sum, accumulator) softmax states, as a tile loop does (chapter 8)."""
+
+    def probes() -> None:
+        _merge_probe(fn, "two tiles of 5 and 7 scores, 4 rows, float64", (4,), torch.float64, 1.0, 0)  # fmt: skip
+        _merge_probe(fn, "rows shaped (2, 3), float32", (2, 3), torch.float32, 1.0, 1)
+        _merge_probe(fn, "scores of about 100, float32", (4,), torch.float32, 100.0, 2)
+        _empty_probe(fn)
+        g = torch.Generator().manual_seed(3)
+        a = _state(torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
+        b = _state(5 + torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
+        ab, ba = _call_merge(fn, "merge(a, b)", a, b), _call_merge(fn, "merge(b, a)", b, a)
+        expect(
+            all(torch.allclose(x, y, rtol=1e-6) for x, y in zip(ab, ba)),
+            "[probe: merge(a, b) against merge(b, a)] the order of the tiles changed the result: "
+            "the merge must treat both states alike.",
+        )
+
+    return run_check("Exercise 1, merging two softmax states", probes)
+
+
+# --- exercise 2: the tiled attention forward -----------------------------------------------------
+
+
+class _Watch(TorchDispatchMode):
+    """Record the shape of every tensor an op makes, and which ops ran (chapter 8)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+        self.products: list[tuple[int, ...]] = []  # output shapes of matrix products
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]  # fmt: skip
+        self.shapes += [tuple(t.shape) for t in outs]
+        if func.overloadpacket.__name__ in ("mm", "bmm", "matmul", "baddbmm", "addmm"):
+            self.products += [tuple(t.shape) for t in outs]
+        return out
+
+
+class _NoWholeRowHelpers(TorchFunctionMode):
+    """Fail when the code inside calls SDPA or a softmax: the exercise is the online version (chapter 8)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = getattr(func, "__name__", "")
+        if name in ("scaled_dot_product_attention", "softmax", "log_softmax", "_softmax"):
+            raise CheckFailed(
+                f"you called {name}, which needs whole rows: build the softmax tile by tile with "
+                "the running max, sum and accumulator (exercise 1's merge, one key tile at a time)."
+            )
+        return func(*args, **(kwargs or {}))
+
+
+_HELPERS = ("flash_forward", "flash_attention", "FlashAttention", "triton_flash_forward")
+
+
+def _used_names(fn: Callable[..., Any]) -> set[str]:
+    """Global and attribute names the function's code (nested functions included) uses (chapter 8)."""
+    names: set[str] = set()
+    stack = [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is not None:
+            names.update(code.co_names)
+            stack += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, hide: str = "", block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Attention and log-sum-exp in float64, optionally with a typical masking or scaling mistake (chapter 8).
+
+    "one late" also hides the keys after each query tile's end (given `block`), which a loop
+    that stops at the tile's last query never visits.
+    """
+    q, k, v = (x.detach().double() for x in (q, k, v))
+    t = q.size(-2)
+    s = q @ k.transpose(-2, -1) * (1.0 if hide == "unscaled" else q.size(-1) ** -0.5)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    hidden = {
+        "diagonal": j >= i,
+        "one late": (j > i + 1) | (j >= (i // max(block, 1) + 1) * block if block else j < 0),
+        "none": j < 0,
+    }.get(hide, j > i)
+    if causal:
+        s = s.masked_fill(hidden, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int) -> str:  # fmt: skip
+    """Name the mistake behind a wrong output or log-sum-exp (chapter 8)."""
+    out = got.detach().double()
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
+    want, want_lse = _reference(*qkv, causal)
+    if causal:
+        for hide, hint in (
+            (
+                "none",
+                "it is not causal: query i also sees keys after it. Hide keys j > i (global positions).",
+            ),  # fmt: skip
+            (
+                "diagonal",
+                "you hid the diagonal too: query i must see key i (the first query sees nothing else). Hide j > i, not j >= i.",
+            ),  # fmt: skip
+            ("one late", "the mask is one position late: query i saw key i + 1. Hide j > i."),
+        ):
+            if close(out, _reference(*qkv, causal, hide, block)[0]):
+                return hint
+    if close(out, _reference(*qkv, causal, "unscaled")[0]):
+        return "the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim)."
+    if torch.isnan(out).any():
+        return "your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j)."  # fmt: skip
+    if close(out, want):
+        gap = (got_lse.detach().double() - want_lse).abs().max().item()
+        return (
+            "the output is right but the log-sum-exp is not: return m + log(l) per query row, "
+            f"the running max plus the log of the running sum (yours is up to {gap:.3g} away)."
+        )
+    gap = (out - want).abs().max().item()
+    return (
+        f"your output differs from softmax(q k^T / sqrt(d)) v by up to {gap:.3g}. Per key tile: "
+        "m_new = max(m, rowmax(s)); scale the old l and acc by exp(m - m_new) before adding "
+        f"this tile's sums; mask with global positions; tiles of {block} queries and keys."
+    )
+
+
+def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
+    """Call the learner's forward under watch; check types, shapes, dtypes, inputs unchanged (chapter 8)."""
+    copies = [(t.clone(), t._version) for t in qkv]
+    with probe(name), _NoWholeRowHelpers(), _Watch() as watch:
+        got = fn(*qkv, causal=causal, block=block)
+    where = f"[probe: {name}] "
+    expect(
+        isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
+        where + f"return (out, lse), two tensors, not {type(got).__name__}.",
+    )
+    out, lse = got
+    q = qkv[0]
+    expect(
+        all(torch.equal(t, c) and t._version == n for t, (c, n) in zip(qkv, copies)),
+        where + "you changed q, k or v in place (mul_, div_, masked_fill_ on an input): the "
+        "caller's tensors must come back as they were.",
+    )
+    expect(out.shape == q.shape, where + f"out has shape {tuple(out.shape)}; it must be q's, {tuple(q.shape)}.")  # fmt: skip
+    expect(lse.shape == q.shape[:-1], where + f"lse has shape {tuple(lse.shape)}; one number per query row: {tuple(q.shape[:-1])}.")  # fmt: skip
+    expect(out.dtype == q.dtype, where + f"out is {out.dtype} for {q.dtype} inputs: compute in float32 if you like, then cast back (.to(q.dtype)).")  # fmt: skip
+    expect(lse.dtype in (torch.float32, torch.float64) and lse.dtype.itemsize >= min(q.dtype.itemsize, 4), where + f"lse is {lse.dtype}: keep it in float32 (or wider), as backward needs it precisely.")  # fmt: skip
+    return out, lse, watch
+
+
+def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...], dtype: torch.dtype, causal: bool, block: int, size: float = 1.0) -> _Watch:  # fmt: skip
+    """Output and log-sum-exp against the exact ones, within twice the rounding bound (chapter 8)."""
+    g = torch.Generator().manual_seed(sum(shape) + block)
+    qkv = [(size if n == 0 else 1.0) * torch.randn(shape, generator=g, dtype=torch.float64) for n in range(3)]  # fmt: skip
+    qkv = [t.to(dtype) for t in qkv]
+    out, lse, watch = _run_tiled(fn, name, qkv, causal, block)
+    want, want_lse = _reference(*qkv, causal)
+    bound = rounding_bound(*qkv, torch.zeros_like(qkv[0]), causal, rounded_to=dtype if dtype.itemsize < 4 else None)["out"]  # fmt: skip
+    ok = bool(((out.double() - want).abs() <= 2 * bound).all())
+    ok = ok and bool(
+        ((lse.double() - want_lse).abs() <= 2 * lse_rounding_bound(qkv[0], qkv[1])).all()
+    )
+    if not ok:
+        if size > 10 and not torch.isfinite(out).all():
+            raise CheckFailed(f"[probe: {name}] scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")  # fmt: skip
+        hint = _tiled_hint(out, lse, qkv, causal, block)
+        if dtype.itemsize < 4 and hint.startswith("your output differs"):
+            hint = "for 16-bit inputs compute each tile in float32 (q.float(), ...), as flash_forward does, and cast the output back at the end: " + hint  # fmt: skip
+        raise CheckFailed(f"[probe: {name}] " + hint)
+    return watch
+
+
+def _work_probe(fn: Callable[..., Any]) -> None:
+    """No T x T tensor is ever made, and a causal run skips the key tiles after the diagonal (chapter 8)."""
+    t, block = 64, 16  # head_dim 8: a tile of scores is (16, 16), of outputs (16, 8)
+    for causal in (False, True):
+        name = f"T = {t}, blocks of {block}, head_dim 8, causal={causal}, what was computed"
+        watch = _tiled_value_probe(fn, name, (1, 2, t, 8), torch.float32, causal, block)
+        big = [s for s in watch.shapes if len(s) >= 2 and s[-1] > block and s[-2] > block]
+        if big:
+            raise CheckFailed(
+                f"[probe: {name}] you made a tensor of shape {max(big, key=lambda s: s[-1] * s[-2])}: "
+                "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
+                "scores at a time."
+            )
+        tiles = sum(1 for s in watch.products if len(s) >= 2 and s[-2:] == (block, block))
+        n = t // block
+        most = n * (n + 1) // 2 if causal else n * n
+        if causal and tiles > most:
+            raise CheckFailed(
+                f"[probe: {name}] you computed {tiles} tiles of scores (q tile @ k tile^T); a "
+                f"causal run needs at most {most} ({n} query tiles x the key tiles up "
+                "to the diagonal). Stop each query tile's loop at its last query: later keys are "
+                "all hidden, and computing them doubles the work."
+            )
+
+
+def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> CheckResult:
+    """Exercise 2: the FlashAttention-2 forward over tiles, (out, lse), causal or not (chapter 8)."""
+
+    def probes() -> None:
+        for helper in _HELPERS:
+            expect(helper not in _used_names(fn), f"you called {helper}, which does the exercise for you: write the tile loop.")  # fmt: skip
+        cases = (
+            ("float64, T = 40 (2 tiles of 16 + 8)", (2, 3, 40, 8), torch.float64, 16),
+            ("float32, T = 64, head_dim 32", (1, 2, 64, 32), torch.float32, 16),
+            ("T = 5, shorter than one tile", (1, 1, 5, 4), torch.float32, 16),
+            ("tiles of one position", (1, 2, 7, 4), torch.float64, 1),
+            ("bfloat16 inputs", (2, 2, 24, 16), torch.bfloat16, 8),
+        )
+        for causal in (True, False):
+            for name, shape, dtype, block in cases:
+                _tiled_value_probe(fn, f"{name}, causal={causal}", shape, dtype, causal, block)
+        _tiled_value_probe(fn, "scores of about 100, float32, causal", (1, 2, 32, 16), torch.float32, True, 8, size=100.0)  # fmt: skip
+        _work_probe(fn)
+
+    return run_check("Exercise 2, the tiled attention forward", probes)
+
+
+# --- exercise 5 (stretch): the backward as Triton kernels ----------------------------------------
+
+
+class _NoTorchMatmul(TorchFunctionMode):
+    """Fail when the code inside multiplies matrices in PyTorch: the exercise is Triton (chapter 8)."""
+
+    NAMES = ("matmul", "mm", "bmm", "einsum", "__matmul__", "baddbmm", "addmm", "flash_backward")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if getattr(func, "__name__", "") in self.NAMES:
+            raise CheckFailed(
+                f"you called torch's {func.__name__}: the products of the backward belong in the "
+                "Triton kernel (tl.dot). PyTorch may only allocate the outputs and compute "
+                "D = rowsum(dO * O)."
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, device: torch.device) -> None:  # fmt: skip
+    """dq, dk, dv of the learner's kernels against flash_backward within twice the bound (chapter 8)."""
+    g = torch.Generator().manual_seed(sum(shape))
+    q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
+    out, lse = flash_forward(q, k, v, causal)
+    name = f"shape {shape}, causal={causal}"
+    with probe(name), _NoTorchMatmul():
+        got = fn(q, k, v, out, lse, dout, causal)
+    expect(isinstance(got, tuple) and len(got) == 3, f"[probe: {name}] return (dq, dk, dv).")
+    want = flash_backward(q, k, v, out, lse, dout, causal)
+    bound = rounding_bound(q, k, v, dout, causal)
+    for part, gp, w in zip(("dq", "dk", "dv"), got, want):
+        expect(isinstance(gp, torch.Tensor) and gp.shape == q.shape, f"[probe: {name}] {part} must be a tensor shaped like q.")  # fmt: skip
+        ratio = ((gp.double().cpu() - w.double().cpu()).abs() / (2 * bound[part])).max().item()
+        if not ratio <= 1:
+            hints = {
+                "dv": "dV = P^T dO, P = exp(s - lse) recomputed per tile (hidden keys 0).",
+                "dq": "dQ = dS K / sqrt(d), dS = P * (dO V^T - D), D = rowsum(dO * O).",
+                "dk": "dK = dS^T Q / sqrt(d), summed over every query tile that sees the key tile.",  # fmt: skip
+            }
+            raise CheckFailed(f"[probe: {name}] {part} is off by {ratio:.3g} x the rounding bound: {hints[part]}")  # fmt: skip
+
+
+def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckResult:
+    """Exercise 5 (stretch): the attention backward as Triton kernels, equal to flash_backward's (chapter 8)."""
+    title = "Exercise 5, the backward in Triton"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    status = triton_status(device)
+    if not status.runs:
+        print(f"⏭ {title}: skipped, Triton cannot run here: {status}")
+        return CheckResult(title, SKIP, str(status))
+    if status.mode == "interpreter":
+        device = torch.device("cpu")
+
+    def probes() -> None:
+        for causal in (False, True):
+            for shape in ((1, 2, 40, 16), (2, 1, 64, 32)):
+                _backward_probe(fn, shape, causal, device)
+
+    return run_check(title, probes)

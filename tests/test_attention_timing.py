@@ -1,0 +1,175 @@
+"""helpers.attention_timing: the sweep's plan on every kind of device (fake GPUs), its rows, verdicts
+and plot; the timing path's decisions run on a CPU (chapter 8)."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+import helpers.attention_timing as tm
+from helpers.attention_triton import TritonStatus
+from helpers.units import GiB
+
+
+def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the plan believe Triton compiles for this (fake) GPU."""
+    monkeypatch.setattr(tm, "triton_status", lambda device: TritonStatus(True, "compiled", "fake"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "dtype", "skipped"),
+    [
+        ("h100_sxm", torch.bfloat16, []),
+        ("a100", torch.bfloat16, []),
+        ("rtx4090", torch.bfloat16, [8192]),
+        ("t4", torch.float16, [8192]),
+        ("mi300x", torch.bfloat16, []),
+    ],
+)
+def test_gpu_plans(monkeypatch: pytest.MonkeyPatch, fake_gpu, kind, dtype, skipped) -> None:
+    compiled(monkeypatch)
+    gpu = fake_gpu(kind)
+    plan = tm.sweep_plan(gpu.device)
+    assert plan.dtype == dtype and plan.lengths == tm.GPU_LENGTHS
+    assert (plan.batch, plan.heads, plan.head_dim) == (4, 16, 64)
+    assert plan.methods[-3:] == ("pytorch tiles", "written out", "triton")
+    assert {"sdpa flash", "sdpa efficient", "sdpa default"} <= set(plan.methods)
+    assert sorted(t for (m, t) in plan.skips if m == "written out") == skipped
+    memory = torch.cuda.get_device_properties(gpu.device).total_memory
+    for t in skipped:
+        assert tm.written_out_bytes(4, 16, t, dtype.itemsize) > 0.6 * memory
+    text = str(plan)
+    assert "causal" in text and ("skipped written out at T = 8192" in text) == bool(skipped)
+    if dtype == torch.float16:
+        assert "no native bf16" in plan.why_dtype
+
+
+def test_gpu_plan_without_a_compiled_triton(monkeypatch: pytest.MonkeyPatch, fake_gpu) -> None:
+    monkeypatch.setattr(
+        tm, "triton_status", lambda d: TritonStatus(False, "unavailable", "no triton")
+    )
+    plan = tm.sweep_plan(fake_gpu("h100_sxm").device, lengths=[2048])
+    assert "triton" not in plan.methods and plan.lengths == (2048,)
+    assert any("triton not timed" in n and "no triton" in n for n in plan.notes)
+
+
+def test_cpu_and_mps_plans(fake_gpu) -> None:
+    plan = tm.sweep_plan("cpu")
+    assert plan.dtype == torch.float32 and plan.lengths == tm.CPU_LENGTHS
+    assert plan.methods == ("sdpa default", "pytorch tiles", "written out")
+    assert any("no peak memory column" in n for n in plan.notes)
+    mps = tm.sweep_plan(fake_gpu("mps").device)
+    assert mps.device.type == "mps" and mps.dtype == torch.float16 and "mps" in mps.why_dtype
+
+
+def test_check_methods_and_the_cpu_timing_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = tm.sweep_plan("cpu", lengths=[32, 64])
+    real = tm.method_function
+
+    def lacking(name, device):
+        if name == "written out":
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(name, device)
+
+    monkeypatch.setattr(tm, "method_function", lacking)
+    checked = tm.check_methods(plan, t=32)
+    by = {c["method"]: c for c in checked}
+    assert by["pytorch tiles"]["worst / bound"] <= 1 and by["sdpa default"]["note"] == ""
+    assert math.isnan(by["written out"]["worst / bound"]) and "No available kernel" in by["written out"]["note"]  # fmt: skip
+    assert plan.skips[("written out", 64)] == "did not run in the check"
+    rows = tm.attention_timing_sweep(plan, min_run_time=0.01)
+    assert [r["row"] for r in rows] == [f"{m} @ {t}" for t in (32, 64) for m in plan.methods]
+    timed = [r for r in rows if "ms" in r]
+    assert len(timed) == 4 and all(r["ms"] > 0 and "peak MiB" not in r for r in timed)
+    assert all(r["note"] == "did not run in the check" for r in rows if r["method"] == "written out")  # fmt: skip
+    assert tm.sweep_machine(rows) is not None
+    assert tm.fastest_sdpa(rows, 64) == "sdpa default @ 64" and tm.fastest_sdpa(rows, 7) is None
+    fig = tm.plot_attention_timing(rows)
+    assert len(fig.axes) == 1
+    plt.close(fig)
+
+
+def test_a_failing_or_out_of_memory_method_becomes_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = tm.sweep_plan("cpu", lengths=[16])
+    freed = []
+    monkeypatch.setattr(tm, "free_cached_memory", lambda: freed.append(1))
+    for message in ("CUDA out of memory. Tried to allocate 24.00 GiB", "no kernel for this dtype"):
+
+        def broken(q, k, v, message=message):
+            raise RuntimeError(message)
+
+        monkeypatch.setattr(tm, "method_function", lambda name, device, f=broken: f)
+        row = tm._time_one(plan, "pytorch tiles", 16, 0.01)
+        assert row["note"].startswith("did not run: ") and message.split(".")[0] in row["note"]
+        assert "ms" not in row
+    assert freed == [1]
+
+
+def test_gpu_timing_rows_carry_the_peak(monkeypatch: pytest.MonkeyPatch, fake_gpu) -> None:
+    """On a (fake) GPU the row's peak comes from max_memory_allocated; the kernels run on the CPU."""
+    compiled(monkeypatch)
+    gpu = fake_gpu("h100_sxm")
+    plan = tm.sweep_plan(gpu.device, lengths=[32])
+    monkeypatch.setattr(tm, "sweep_inputs", lambda plan, t: [torch.randn(1, 1, t, 16) for _ in "qkv"])  # fmt: skip
+
+    def allocating(q, k, v):
+        gpu.allocate(3 * 2**20)
+        gpu.free(3 * 2**20)
+        return q
+
+    monkeypatch.setattr(tm, "method_function", lambda name, device: allocating)
+    row = tm._time_one(plan, "triton", 32, 0.01)
+    assert row["peak MiB"] == pytest.approx(3.0) and row["ms"] > 0 and row["TFLOP/s"] > 0
+
+
+def rows_for(ms: dict[str, float], t: int = 2048) -> list[dict]:
+    return [{"row": f"{m} @ {t}", "T": t, "method": m, "ms": v, "IQR ms": 0.01 * v, "peak MiB": 1.0} for m, v in ms.items()]  # fmt: skip
+
+
+def test_verdicts_compare_triton_with_the_fastest_sdpa_and_the_tiles() -> None:
+    rows = rows_for({"sdpa flash": 1.0, "sdpa efficient": 1.5, "sdpa default": 1.1, "pytorch tiles": 30.0, "triton": 1.6})  # fmt: skip
+    rows += rows_for({"sdpa default": 0.3, "triton": 0.5}, t=1024)  # below min_t: no verdict
+    verdicts = tm.triton_verdicts(rows)
+    assert [(v.a, v.b) for v in verdicts] == [("triton @ 2048", "sdpa flash @ 2048"), ("triton @ 2048", "pytorch tiles @ 2048")]  # fmt: skip
+    assert "sdpa flash @ 2048 was 1.60x faster" in verdicts[0]
+    assert "triton @ 2048 was 18.75x faster" in verdicts[1]
+    assert tm.within(rows, "triton @ 2048", "sdpa flash @ 2048") == pytest.approx(1.6)
+    assert tm.triton_verdicts(rows_for({"sdpa default": 1.0})) == []
+    fig = tm.plot_attention_timing(rows)
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_helpers_of_the_sweep() -> None:
+    assert tm.causal_forward_flops(1, 1, 4, 2) == 64
+    assert tm.written_out_bytes(1, 1, 4, 2) == 3 * 16 * 2 + 16
+    assert tm.written_out_bytes(4, 16, 8192, 2) > 24 * GiB
+    with pytest.raises(ValueError, match="Unknown method 'flash3'"):
+        tm.method_function("flash3", torch.device("cpu"))
+    q = torch.randn(1, 1, 8, 16)
+    for name in (
+        "sdpa default",
+        "sdpa flash",
+        "pytorch tiles",
+        "written out",
+    ):  # flash: a CPU kernel too
+        assert tm.method_function(name, torch.device("cpu"))(q, q, q).shape == q.shape
+
+
+def test_memory_slopes_from_the_peaks() -> None:
+    rows = [
+        {"method": m, "T": t, "peak MiB": peak}
+        for t in (512, 1024, 2048)
+        for m, peak in (
+            ("written out", 3 * (t / 512) ** 2),
+            ("triton", t / 512),
+            ("sdpa default", 0.0),
+        )
+    ]
+    rows.append({"method": "pytorch tiles", "T": 512, "peak MiB": 1.0})  # one point: no slope
+    slopes = tm.memory_slopes(rows)
+    assert slopes == pytest.approx({"written out": 2.0, "triton": 1.0})
+    assert tm.memory_slopes([{"method": "sdpa default", "T": 128, "ms": 1.0}]) == {}
