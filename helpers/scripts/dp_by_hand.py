@@ -272,7 +272,9 @@ def instrumented_steps(ctx: Context, r: Run, xy: tuple, steps: int) -> list[dict
                 train_step(r.net, r.averager, r.opt, *xy)
                 sync(ctx.device)
             comm, compute = kernel_spans(prof.events())
-            phases = {"compute": compute}
+            t0 = min((s for s, _ in comm + compute), default=0.0)
+            comm = [(s - t0, e - t0) for s, e in comm]
+            phases = {"compute": [(s - t0, e - t0) for s, e in compute]}
         else:
             r.comm.record = True
             times = train_step(r.net, r.averager, r.opt, *xy)
