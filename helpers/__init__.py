@@ -60,6 +60,15 @@ Chapter 6, profiling
 Chapter 7, capstone
 - ``helpers.gpt``: a small GPT (decoder-only transformer) and the text it trains on
 - ``helpers.capstone``: the levers switched on one at a time, measured into one table
+
+Chapter 8, build it yourself
+- ``helpers.comm_overlap``: spans of communication against compute (hidden and exposed),
+  gradient buckets, flat-vector shards, ranges labelled for the profiler and NVTX, the
+  Nsight Systems command
+- ``helpers.dp_by_hand``: reading the data-parallel runs: the gradients' rounding bound,
+  tables, the overlap plot, a profiler trace read back
+- ``helpers.scripts``: ``dp_by_hand.py`` (four ways against DDP), ``zero1_by_hand.py``,
+  ``fsdp_by_hand.py``, and ``ch08_exercise_check.py`` for the exercise checks
 """
 
 __version__ = "0.1.0"

@@ -77,8 +77,8 @@ def test_trace_spans_read_complete_events_by_name_prefix() -> None:
         ]
     }
     spans = co.trace_spans(trace, ("backward", "gloo:all_reduce", "forward"))
-    assert spans["backward"] == [(100e-6, 150e-6)] and spans["forward"] == []
-    assert spans["gloo:all_reduce"] == [(120e-6, 180e-6)]
+    assert spans["backward"] == [pytest.approx((100e-6, 150e-6))] and spans["forward"] == []
+    assert spans["gloo:all_reduce"] == [pytest.approx((120e-6, 180e-6))]
 
 
 # --- buckets and shards ----------------------------------------------------------------------
@@ -279,14 +279,15 @@ def test_the_scripts_share_a_launch_and_show_their_technique() -> None:
     assert "reduce_scatter_tensor" in script_source("fsdp_by_hand", "ShardedLinear")
 
 
-def leftovers() -> set[str]:
-    """The launcher's rendezvous folders in the temporary folder."""
-    return {p.name for p in Path(tempfile.gettempdir()).glob("course_ch04_rdzv_*")}
+def rendezvous_folder(command: list[str]) -> Path:
+    """The temporary folder a launch's ranks met in, read from its torchrun command."""
+    endpoint = next(w for w in command if w.startswith("--rdzv-endpoint="))
+    return Path(endpoint.split("=", 1)[1]).parent
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_the_three_scripts_on_real_ranks(world: int, tmp_path: Path) -> None:
-    before_files, before_procs = leftovers(), set(psutil.Process().children(recursive=True))
+    before_procs = set(psutil.Process().children(recursive=True))
     dp, zero, fsdp = tmp_path / "dp", tmp_path / "zero1", tmp_path / "fsdp"
     small = ["--width", 64, "--depth", 3, "--per-rank-batch", 8, "--blocks", 2, "--steps", 2]
     jobs = [
@@ -303,7 +304,8 @@ def test_the_three_scripts_on_real_ranks(world: int, tmp_path: Path) -> None:
     check_dp(read_results(dp, world), world, dp)
     check_zero1(read_results(zero, world), world)
     check_fsdp(read_results(fsdp, world), world)
-    assert leftovers() <= before_files, "the rendezvous folder was removed"
+    folder = rendezvous_folder(res.command)
+    assert folder.parent == Path(tempfile.gettempdir()) and not folder.exists(), "removed"
     alive = set(psutil.Process().children(recursive=True)) - before_procs
     assert not [p for p in alive if p.is_running()], "no process outlives the launch"
 
@@ -352,4 +354,5 @@ def check_fsdp(ranks: list[dict], world: int) -> None:
             assert torch.allclose(
                 torch.tensor(fsdp2["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5
             )
-            assert fsdp2["peak parameter bytes"] <= ddp["peak parameter bytes"]
+            # at one rank FSDP2's "shard" is the whole model, and a layer is copied besides
+            assert fsdp2["peak parameter bytes"] <= ddp["peak parameter bytes"] or world == 1

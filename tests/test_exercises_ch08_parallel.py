@@ -223,13 +223,15 @@ def test_an_answer_that_reads_torchruns_environment_passes() -> None:
 # --- exercise 4: typical wrong answers ----------------------------------------------------------
 
 
-def _my_slice(params, shard):  # noqa: ANN001, ANN202
+def zero1_without_gather(params, shard, optimizer):
     world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    return F.pad(flat, (0, world * s - flat.numel()))[rank * s : (rank + 1) * s].clone()
-
-
-def _write_back(params, flat) -> None:  # noqa: ANN001
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    grad = F.pad(grad, (0, world * s - grad.numel()))
+    shard.grad = grad[rank * s : (rank + 1) * s].clone()
+    optimizer.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat = F.pad(flat, (0, world * s - flat.numel()))
+    flat[rank * s : (rank + 1) * s] = shard.detach()  # only this rank's piece: no all-gather
     offset = 0
     with torch.no_grad():
         for p in params:
@@ -237,58 +239,74 @@ def _write_back(params, flat) -> None:  # noqa: ANN001
             offset += p.numel()
 
 
-def zero1_without_gather(params, shard, optimizer):
-    shard.grad = _my_slice(params, shard)
-    optimizer.step()
-    s, rank = shard.numel(), dist.get_rank()
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    flat = F.pad(flat, (0, dist.get_world_size() * s - flat.numel()))
-    flat[rank * s : (rank + 1) * s] = shard.detach()  # only this rank's piece
-    _write_back(params, flat)
-
-
 def zero1_gather_first(params, shard, optimizer):
-    pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
-    dist.all_gather(pieces, shard.detach())
-    shard.grad = _my_slice(params, shard)
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())  # the old pieces
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    shard.grad = F.pad(grad, (0, world * s - grad.numel()))[rank * s : (rank + 1) * s].clone()
     optimizer.step()
-    _write_back(params, torch.cat(pieces))
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def zero1_reduce_again(params, shard, optimizer):
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
     for p in params:
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
-    shard.grad = _my_slice(params, shard)
+        dist.all_reduce(p.grad)  # they were averaged already
+        p.grad /= world
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    shard.grad = F.pad(grad, (0, world * s - grad.numel()))[rank * s : (rank + 1) * s].clone()
     optimizer.step()
-    pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    pieces = [torch.empty_like(shard) for _ in range(world)]
     dist.all_gather(pieces, shard.detach())
-    _write_back(params, torch.cat(pieces))
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def zero1_no_grad_given(params, shard, optimizer):
-    optimizer.step()
+    optimizer.step()  # shard.grad was never set: nothing moves
     pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
     dist.all_gather(pieces, shard.detach())
-    _write_back(params, torch.cat(pieces))
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def zero1_first_slice_everywhere(params, shard, optimizer):
     s = shard.numel()
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    shard.grad = flat[:s].clone()  # rank 0's piece on every rank
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    shard.grad = grad[:s].clone()  # rank 0's piece of the gradient, on every rank
     optimizer.step()
     pieces = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
     dist.all_gather(pieces, shard.detach())
-    _write_back(params, torch.cat(pieces))
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def zero1_in_float32(params, shard, optimizer):
-    shard.grad = _my_slice(params, shard)
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    shard.grad = F.pad(grad, (0, world * s - grad.numel()))[rank * s : (rank + 1) * s].clone()
     optimizer.step()
-    pieces = [torch.empty(shard.shape) for _ in range(dist.get_world_size())]  # always float32
+    pieces = [torch.empty(shard.shape) for _ in range(world)]  # always float32
     dist.all_gather(pieces, shard.detach().float())
-    _write_back(params, torch.cat(pieces))
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 @pytest.mark.parametrize(
@@ -297,7 +315,7 @@ def zero1_in_float32(params, shard, optimizer):
         (zero1_reduce_again, ("[probe: 1 rank] float32, step 1", "already")),
         (zero1_no_grad_given, ("[probe: 1 rank]", "the shard did not change")),
         (zero1_gather_first, ("[probe: 1 rank]", "before optimizer.step()")),
-        (zero1_in_float32, ("[probe: 1 rank] float64", "keeping the parameters' dtype")),
+        (zero1_in_float32, ("[probe: 1 rank] float64", "keep the parameters' dtype")),
     ],
 )
 def test_zero1_mistakes_caught_at_world_size_one(wrong, hints: tuple) -> None:  # noqa: ANN001
@@ -309,7 +327,7 @@ def test_zero1_mistakes_caught_at_world_size_one(wrong, hints: tuple) -> None:  
     ("wrong", "hints"),
     [
         (zero1_without_gather, ("3 ranks, rank 0] float32, step 1", "no all-gather")),
-        (zero1_first_slice_everywhere, ("3 ranks, rank 1]", "this rank's own piece")),
+        (zero1_first_slice_everywhere, ("3 ranks, rank 0]", "another rank's differs")),
     ],
 )
 def test_zero1_mistakes_caught_on_the_ranks(wrong, hints: tuple) -> None:  # noqa: ANN001
