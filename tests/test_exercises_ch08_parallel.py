@@ -351,3 +351,53 @@ def test_torchrun_environment_is_set_inside_and_restored_after(monkeypatch) -> N
 def test_a_notebook_process_group_leaves_world_size_one_to_the_launch(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     assert ch08p.run_at_world_one(hooks_blocking, "overlap_hooks") == {}
+
+
+# --- the launch's own failures -----------------------------------------------------------------
+
+
+def hooks_killing_rank_one(model):
+    import os as _os
+
+    if dist.get_rank() == 1:
+        _os._exit(3)  # a rank that dies: the launch fails, the others are stopped
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad, async_op=True))
+    return lambda: None
+
+
+def test_a_rank_that_dies_fails_the_check_with_the_launchers_words() -> None:
+    before = set(psutil.Process().children(recursive=True))
+    with pytest.raises(ch08p.CheckFailed, match=r"the 3-rank run failed\..*rank 1"):
+        ch08p.run_on_launched_ranks(hooks_killing_rank_one, "overlap_hooks", 3)
+    alive = set(psutil.Process().children(recursive=True)) - before
+    assert not [p for p in alive if p.is_running()]
+
+
+def hooks_calling_a_module_without_forward(model):
+    torch.nn.Module()(1)  # torch raises NotImplementedError: an error, not a stub
+    return lambda: None
+
+
+def hooks_raising_it_themselves(model):
+    names = {c.__name__: c for c in RuntimeError.__subclasses__()}
+    raise names["NotImplemented" + "Error"]("Write it here.")  # unseen by a name scan
+
+
+def test_launched_ranks_tell_a_stub_from_torchs_not_implemented() -> None:
+    with pytest.raises(ch08p.NotDoneYet):  # caught before any launch
+        ch08p.run_on_launched_ranks(namespace("exercises")["overlap_hooks"], "overlap_hooks", 2)
+    with pytest.raises(ch08p.NotDoneYet):
+        ch08p.run_on_launched_ranks(hooks_raising_it_themselves, "overlap_hooks", 2)
+    with pytest.raises(ch08p.CheckFailed, match='NotImplementedError: Module .* "forward"'):
+        ch08p.run_on_launched_ranks(hooks_calling_a_module_without_forward, "overlap_hooks", 2)
+
+
+def test_a_group_left_broken_is_still_destroyed(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    def broken() -> None:
+        raise RuntimeError("the learner's code left the group broken")
+
+    monkeypatch.setattr(ch08p, "teardown", broken)
+    with ch08p.one_rank_world(tmp_path):
+        assert dist.get_world_size() == 1
+    assert not dist.is_initialized()

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.checks import is_stub_error
 from helpers.comm_overlap import shard_bounds
 from helpers.data import make_classification_data
 from helpers.models import make_mlp
@@ -191,6 +192,11 @@ def run_task(task: str, ctx: Context, fn: Any) -> dict[str, Any]:
     return task_zero1_step(ctx, fn)
 
 
+def error(exc: BaseException) -> dict[str, str]:
+    """The learner's error as the checker reports it (chapter 8)."""
+    return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--payload", required=True, type=Path)
@@ -203,10 +209,10 @@ def main() -> None:
     result: dict[str, Any] = {"status": "ok"}
     try:
         result.update(run_task(args.task, ctx, rebuild(payload)))
-    except NotImplementedError:
-        result = {"status": "todo"}
+    except NotImplementedError as exc:  # the learner's own raise is the stub; torch's is an error
+        result = {"status": "todo"} if is_stub_error(exc) else error(exc)
     except Exception as exc:  # report the learner's error instead of crashing the job
-        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        result = error(exc)
     torch.save(result, args.out / f"rank{ctx.rank}.pt")
     teardown()
 
