@@ -102,6 +102,18 @@ def trace_spans(trace: Mapping[str, Any], names: Sequence[str]) -> dict[str, lis
     return found
 
 
+def rounding_bound(abs_sum: list[torch.Tensor], world: int) -> list[torch.Tensor]:
+    """Per element, how far two orders of summing and averaging `world` gradients can differ in fp32 (chapter 8).
+
+    Each way computes mean = sum of the ranks' g_r (divided before or after). Summing W terms
+    in any order, with one division each or in all, is within (W + 1) u sum|g_r| / W of the
+    exact mean (u = eps / 2, the unit roundoff: W - 1 additions, the divisions, Higham's
+    bound for recursive summation); two such results are within twice that of each other.
+    """
+    eps = torch.finfo(torch.float32).eps
+    return [(world + 1) * eps * s / world for s in abs_sum]
+
+
 def plan_buckets(sizes: Sequence[int], cap_bytes: int) -> list[list[int]]:
     """Indices of `sizes` (bytes) in order, a bucket closed once it holds `cap_bytes` or more, as DDP does (chapter 8)."""
     if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes <= 0:

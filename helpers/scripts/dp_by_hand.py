@@ -39,12 +39,17 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
-from helpers.comm_overlap import hidden_communication, kernel_spans, labelled, plan_buckets
+from helpers.comm_overlap import (
+    hidden_communication,
+    kernel_spans,
+    labelled,
+    plan_buckets,
+    rounding_bound,
+)
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
     exit_now,
-    grads,
     log,
     parser,
     setup,
@@ -338,6 +343,7 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
     start = make_mlp((args.width,) * args.depth + (1,), seed=args.seed).state_dict()
     xy = batch(ctx, args)
     runs, result = {}, {"world_size": ctx.world_size, "device": ctx.device.type, "ways": {}}
+    averaged: dict[str, list[torch.Tensor]] = {}
     for way in WAYS:
         net, (comm, averager) = build(way, ctx, args, start)
         module = net.module if way == "ddp" else net
@@ -347,15 +353,15 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         nn.functional.binary_cross_entropy_with_logits(net(xy[0]), xy[1]).backward()
         if averager is not None:
             averager.finish()
-        result["ways"][way] = {
-            "grads": grads(module) if ctx.is_main else None,  # rank 0's; the others are compared
-            "same on every rank": same_on_every_rank(ctx, module),
-        }
+        averaged[way] = [p.grad.detach().clone() for p in module.parameters()]
+        result["ways"][way] = {"same on every rank": same_on_every_rank(ctx, module)}
         for _ in range(args.warmup):
             train_step(r.net, r.averager, r.opt, *xy)
         runs[way] = r
-    local = start_grads(ctx, args, start, xy)
-    result |= local
+    bound = rounding_bound(abs_grad_sum(ctx, args, start, xy), ctx.world_size)
+    for way, got in averaged.items():
+        result["ways"][way] |= against_ddp(got, averaged["ddp"], bound)
+    del averaged
     for way, per_step in time_blocks(ctx, args, runs, xy).items():
         result["ways"][way] |= {"step times s": per_step, **summary(per_step)}
     for way, r in runs.items():
@@ -388,17 +394,24 @@ def same_on_every_rank(ctx: Context, model: nn.Module) -> bool:
     return bool(same.item())
 
 
-def start_grads(ctx: Context, args: argparse.Namespace, start: dict, xy: tuple) -> dict:
-    """This rank's own gradient and the sum over ranks of |gradient|, for the rounding bound (chapter 8)."""
+def abs_grad_sum(ctx: Context, args: argparse.Namespace, start: dict, xy: tuple) -> list:
+    """Per element, the sum over the ranks of |each rank's own gradient| (chapter 8)."""
     model = make_mlp((args.width,) * args.depth + (1,)).to(ctx.device)
     model.load_state_dict(start)
     nn.functional.binary_cross_entropy_with_logits(model(xy[0]), xy[1]).backward()
     abs_sum = [p.grad.abs() for p in model.parameters()]
     for t in abs_sum:
         dist.all_reduce(t)
-    if not ctx.is_main:
-        return {"local grads": None, "abs grad sum": None}
-    return {"local grads": grads(model), "abs grad sum": [t.cpu() for t in abs_sum]}
+    return abs_sum
+
+
+def against_ddp(got: list[torch.Tensor], ddp: list[torch.Tensor], bound: list) -> dict:
+    """Largest |gradient - DDP's|, and whether every element is within the rounding bound (chapter 8)."""
+    diff = [(g - r).abs() for g, r in zip(got, ddp)]
+    return {
+        "max |grad - DDP|": max(d.max().item() for d in diff),
+        "within the bound": all(bool((d <= b).all()) for d, b in zip(diff, bound)),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
