@@ -350,3 +350,38 @@ def check_fsdp(ranks: list[dict], world: int) -> None:
             )
             # at one rank FSDP2's "shard" is the whole model, and a layer is copied besides
             assert fsdp2["peak parameter bytes"] <= ddp["peak parameter bytes"] or world == 1
+
+
+def test_on_cuda_the_instrumented_step_reads_the_gpu_timeline(fake_gpu, monkeypatch) -> None:  # noqa: ANN001
+    """The script's CUDA branch, run on the fake GPU: kernels from the profiler, not host clocks."""
+    from helpers.scripts import dp_by_hand as script
+
+    gpu = fake_gpu("h100_sxm", count=2)
+    kernels = [
+        fake_event("ampere_sgemm_128x64_tn", DeviceType.CUDA, 1000, 1040),
+        fake_event("ncclDevKernel_AllReduce_Sum_f32", DeviceType.CUDA, 1020, 1060),
+    ]
+
+    class FakeProfile:
+        def __init__(self, activities: list) -> None:
+            assert ProfilerActivity.CUDA in activities
+
+        def __enter__(self) -> FakeProfile:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def events(self) -> list:
+            return kernels
+
+    monkeypatch.setattr(script, "profile", FakeProfile)
+    monkeypatch.setattr(script, "train_step", lambda *a: None)
+    monkeypatch.setattr(script.dist, "barrier", lambda: None)
+    ctx = script.Context(0, 2, 0, "nccl", torch.device("cuda", 0))
+    run = script.Run(None, script.Comm(), None, None, None)
+    (step,) = script.instrumented_steps(ctx, run, (None, None), 1)
+    assert step["comm"] == [pytest.approx((20e-6, 60e-6))]
+    assert step["compute"] == [pytest.approx((0.0, 40e-6))]
+    assert step["hidden share"] == pytest.approx(0.5) and step["calls"] == 0
+    assert gpu.synchronize_calls >= 1, "the step's GPU work is waited for inside the profile"
