@@ -204,6 +204,27 @@ def step_forgets_update(model, optimizer, scaler, x, y, loss_fn, device_type, dt
     return loss.item()
 
 
+def step_returns_scaled_loss(model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=dtype):
+        loss = loss_fn(model(x), y)
+    scaled = scaler.scale(loss)  # issue 24: accepted before, since no probe compared the value
+    scaled.backward()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return scaled.item()
+
+
+def step_returns_last_loss(model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm):
+    SOLUTIONS["amp_train_step"](
+        model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm
+    )
+    with torch.no_grad(), torch.autocast(device_type, dtype=dtype):
+        return loss_fn(model(x), y).item()  # the loss after the step, not this step's
+
+
 def step_returns_tensor(model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm):
     SOLUTIONS["amp_train_step"](
         model, optimizer, scaler, x, y, loss_fn, device_type, dtype, max_norm
@@ -223,6 +244,8 @@ def step_returns_tensor(model, optimizer, scaler, x, y, loss_fn, device_type, dt
         (step_keeps_old_grads, "zero_grad"),
         (step_forgets_update, "scaler.update()"),
         (step_returns_tensor, "as a float"),
+        (step_returns_scaled_loss, "times the scaler's scale (1024)"),
+        (step_returns_last_loss, "return loss.item() of this step's forward"),
     ],
 )
 def test_amp_train_step_wrong_answers_fail(wrong, hint: str) -> None:

@@ -282,9 +282,24 @@ def accumulate_exit_stack(model, micro_batches, loss_fn):
             loss.backward()
 
 
+def average_reading_torchrun_env(model):
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])  # as a torchrun script reads it (issue 24)
+    rank = int(os.environ["RANK"])
+    assert rank == dist.get_rank(), (rank, dist.get_rank())
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
 @pytest.mark.parametrize(
     ("name", "right"),
-    [("average_gradients", average_flat_divide_first), ("accumulate", accumulate_exit_stack)],
+    [
+        ("average_gradients", average_flat_divide_first),
+        ("accumulate", accumulate_exit_stack),
+        ("average_gradients", average_reading_torchrun_env),
+    ],
 )
 def test_other_correct_styles_pass_at_every_world_size(name: str, right) -> None:  # noqa: ANN001
     result = CHECKS[name](right)
@@ -294,3 +309,13 @@ def test_other_correct_styles_pass_at_every_world_size(name: str, right) -> None
 def test_a_notebook_process_group_leaves_world_size_one_to_the_launch(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     assert ch04.run_in_process(halve_after_sum, "average_gradients") == {}
+
+
+def test_the_in_process_probe_sets_torchrun_s_environment_and_restores_it(tmp_path) -> None:  # noqa: ANN001
+    import os
+
+    before = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    with ch04._one_rank_world(tmp_path):
+        seen = {k: os.environ.get(k) for k in before}
+    assert seen == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    assert {k: os.environ.get(k) for k in before} == before

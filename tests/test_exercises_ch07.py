@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,22 @@ def calls_sdpa_imported(q, k, v):
     return sdpa(q, k, v, is_causal=True)
 
 
+def calls_the_cpu_flash_kernel(q, k, v):  # issue 24: another entry point to the same kernel
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
+
+
+def calls_the_c_binding(q, k, v):
+    return torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def softmax_without_the_max(q, k, v):  # issue 24: right until the scores overflow exp()
+    t = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    e = scores.masked_fill(future, float("-inf")).exp()
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
 def calls_the_model_helper(q, k, v):
     return manual_attention(q, k, v)
 
@@ -106,6 +123,9 @@ def reads_values(q, k, v):
 ATTENTION_MISTAKES = [
     (calls_sdpa, "Write it out"),
     (calls_sdpa_imported, "Write it out"),
+    (calls_the_cpu_flash_kernel, "a fused attention kernel"),
+    (calls_the_c_binding, "Write it out"),
+    (softmax_without_the_max, "Subtract each row's max before exp"),
     (calls_the_model_helper, "you called manual_attention"),
     (lambda q, k, v: attention(q, k, v, hide="nothing"), "not causal"),
     (lambda q, k, v: attention(q, k, v, hide="past"), "wrong side"),
@@ -376,7 +396,30 @@ def divides_by_zero(model, x, y, micro):
     return accumulate_unchecked(model, x, y, micro).item()
 
 
+@validated
+def retains_the_graphs(model, x, y, micro):  # issue 24: right gradients, every chunk kept alive
+    losses = []
+    for xb, yb in zip(x.chunk(micro), y.chunk(micro)):
+        loss = model(xb, yb) / micro
+        loss.backward(retain_graph=True)
+        losses.append(loss)
+    return torch.stack(losses).sum().item()
+
+
+@validated
+def retains_while_the_next_runs(model, x, y, micro):
+    total = torch.zeros(())
+    loss = None
+    for xb, yb in zip(x.chunk(micro), y.chunk(micro)):
+        loss = model(xb, yb) / micro  # the previous chunk's graph lives until this returns
+        loss.backward(retain_graph=True)
+        total += loss.detach()
+    return total.item()
+
+
 ACCUMULATION_MISTAKES = [
+    (retains_the_graphs, "activations were still alive"),
+    (retains_while_the_next_runs, "activations were still alive"),
     (undivided, "divide it by micro_batches"),
     (zeroes_between, "zeroed the gradients between micro-batches"),
     (all_forwards_first, "forwards before a backward"),
@@ -428,7 +471,7 @@ def searcher(*, fit=lambda saved, budget: saved <= budget, measure=None, cfg_of=
         def fits(batch):
             idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
             with ActivationMeter(model) as meter:
-                model(idx, idx) if measure is None else measure(model, idx)
+                model(idx, torch.zeros_like(idx)) if measure is None else measure(model, idx)
             return fit(meter.total_bytes, budget_bytes)
 
         return find_max_batch(fits).largest
@@ -453,7 +496,7 @@ def counts_parameters(cfg, budget_bytes):
     def fits(batch):
         idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
         with ActivationMeter() as meter:
-            model(idx, idx)
+            model(idx, torch.zeros_like(idx))
         return meter.total_bytes <= budget_bytes
 
     return find_max_batch(fits).largest
@@ -465,7 +508,7 @@ def one_by_one(cfg, budget_bytes):
     while True:
         idx = torch.zeros(batch + 1, cfg.seq_len, dtype=torch.long, device="meta")
         with ActivationMeter(model) as meter:
-            model(idx, idx)
+            model(idx, torch.zeros_like(idx))
         if meter.total_bytes > budget_bytes:
             if batch == 0:
                 raise ValueError("batch 1 does not fit")
@@ -479,7 +522,7 @@ def on_the_cpu(cfg, budget_bytes):
     def fits(batch):
         idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long)
         with ActivationMeter(model) as meter:
-            model(idx, idx)
+            model(idx, torch.zeros_like(idx))
         return meter.total_bytes <= budget_bytes
 
     return find_max_batch(fits).largest
@@ -497,7 +540,7 @@ def other_error_when_nothing_fits(cfg, budget_bytes):
 
 
 def keeps_trying_when_nothing_fits(cfg, budget_bytes):
-    for _ in range(20):
+    for _ in range(100):  # 100 forwards: more than the 64 the exercise allows
         try:
             return searcher()(cfg, budget_bytes)
         except ValueError:
@@ -516,10 +559,12 @@ BUDGET_MISTAKES = [
     (returns_zero, "raise ValueError"),
     (one_by_one, "forwards"),
     (on_the_cpu, "meta device"),
-    (lambda cfg, budget: float(searcher()(cfg, budget)), "as an int"),
+    (lambda cfg, budget: float(searcher()(cfg, budget)), "as an integer"),
     (half_of_it, "measure one forward of make_gpt(cfg, device='meta')"),
     (other_error_when_nothing_fits, "raised RuntimeError; raise ValueError"),
-    (keeps_trying_when_nothing_fits, "below batch 1's] you ran more than 8 forwards"),
+    (keeps_trying_when_nothing_fits, "below batch 1's] you ran more than 64 forwards"),
+    # issue 24: the tokens passed as their own targets count one tensor too few
+    (searcher(measure=lambda model, idx: model(idx, idx)), "tokens as their own targets"),
 ]
 
 
@@ -527,6 +572,52 @@ BUDGET_MISTAKES = [
 def test_wrong_largest_batches_fail_with_their_hint(wrong, hint: str) -> None:
     result = check_largest_gpt_batch(wrong)
     assert fails(result, hint), result.message
+
+
+def on_the_cpu_by_name(cfg, budget_bytes):
+    model = make_gpt(cfg)  # the model on the CPU too
+
+    def fits(batch):
+        idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long)
+        with ActivationMeter(model) as meter:
+            model(idx=idx, targets=torch.zeros_like(idx))
+        return meter.total_bytes <= budget_bytes
+
+    return find_max_batch(fits).largest
+
+
+def test_tokens_by_name_on_the_cpu_fail_on_the_device_contract() -> None:
+    result = check_largest_gpt_batch(on_the_cpu_by_name)
+    assert fails(result, "your forwards ran on ['cpu']"), result.message
+
+
+def bisects_a_fixed_range(cfg, budget_bytes):
+    """Correct and O(log n) in the range: 1 + 20 forwards whatever the answer (issue 24)."""
+    model = make_gpt(cfg, device="meta")
+
+    def fits(batch):
+        idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
+        with ActivationMeter(model) as meter:
+            model(idx, torch.zeros_like(idx))
+        return meter.total_bytes <= budget_bytes
+
+    if not fits(1):
+        raise ValueError("not even batch 1 fits")
+    low, high = 1, 2**20
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+@pytest.mark.parametrize(
+    "right",
+    [bisects_a_fixed_range, lambda cfg, budget: np.int64(searcher()(cfg, budget))],
+    ids=["bisects a fixed range", "returns a numpy integer"],
+)
+def test_correct_answers_the_old_checker_refused_pass(right) -> None:  # noqa: ANN001
+    result = check_largest_gpt_batch(right)
+    assert result.passed, result.message
 
 
 def test_the_reference_search_says_zero_when_nothing_fits() -> None:
@@ -542,7 +633,7 @@ def test_largest_batch_other_correct_style_passes() -> None:
         def saved(batch):
             idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
             with ActivationMeter(model) as meter:
-                model(idx, idx)
+                model(idx, torch.zeros_like(idx))
             return meter.total_bytes
 
         if saved(1) > budget_bytes:

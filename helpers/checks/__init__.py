@@ -205,3 +205,25 @@ def one_backward_per_forward_hint(together: int) -> str:
         "accumulation avoids. Call backward() on each micro-batch's loss before the next "
         "forward, not once on the summed loss."
     )
+
+
+def torchrun_environment(rank: int, world_size: int, master_port: int = 29500) -> dict[str, str]:
+    """The variables torchrun sets for `rank` of a one-machine job of `world_size` ranks (chapter 4).
+
+    An in-process probe of torchrun-style code sets them (with ``mock.patch.dict(os.environ,
+    ...)``), so that an answer that reads ``RANK`` or ``WORLD_SIZE`` as a script would works.
+    """
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }

@@ -322,6 +322,33 @@ class _SpyScaler(torch.amp.GradScaler):
         super().update(new_scale)
 
 
+def _true_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype, seen: list) -> float:  # noqa: ANN001
+    """The step's loss as a correct answer computes it, before the step; `seen` untouched (chapter 3)."""
+    n = len(seen)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        value = nn.BCEWithLogitsLoss()(model(x), y).item()
+    del seen[n:]  # this forward is the checker's, not the learner's
+    return value
+
+
+def _expect_unscaled(got: float, want: float, scaler: torch.amp.GradScaler, name: str) -> None:
+    """The returned loss is the true loss, not the scaled one (chapter 3)."""
+    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+    # The same forward in the same dtype gives the same loss up to summation order; 1% covers
+    # that many times over, and a scale >= 2 (the probe's is 1024) is 100% or more away.
+    if math.isclose(got, want, rel_tol=1e-2, abs_tol=1e-6):
+        return
+    if scale != 1.0 and math.isclose(got, want * scale, rel_tol=1e-2):
+        raise CheckFailed(
+            f"{name}: you returned {got:.4g}, the loss times the scaler's scale ({scale:g}): "
+            "scaler.scale(loss) is for backward() only. Return loss.item(), the unscaled loss."
+        )
+    raise CheckFailed(
+        f"{name}: you returned {got:.4g}, but the step's loss (computed under autocast before "
+        f"the step) is {want:.4g}: return loss.item() of this step's forward."
+    )
+
+
 def _probe_train_step(fn: Callable[..., Any], dtype: torch.dtype, steps: int = 20) -> None:
     """Run the learner's AMP step on CPU in `dtype` and check every rule (chapter 3)."""
     name = "fp16" if dtype == torch.float16 else "bf16"
@@ -329,7 +356,7 @@ def _probe_train_step(fn: Callable[..., Any], dtype: torch.dtype, steps: int = 2
     model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 1))
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=0.05)
-    scaler = _SpyScaler(params, enabled=dtype == torch.float16)
+    scaler = _SpyScaler(params, enabled=dtype == torch.float16)  # scale 1024 in fp16
     x, y = make_classification_data(256, 20, seed=1)
     max_norm = 1e-3  # far below the true gradient norm, so clipping always acts
     seen: list[torch.dtype] = []
@@ -338,12 +365,13 @@ def _probe_train_step(fn: Callable[..., Any], dtype: torch.dtype, steps: int = 2
     for _ in range(steps):
         for p in params:  # stale gradients from "before": a correct step discards them
             p.grad = torch.full_like(p, float("nan"))
-        before = len(scaler.events)
+        before, want = len(scaler.events), _true_loss(model, x, y, dtype, seen)
         loss = fn(model, optimizer, scaler, x, y, nn.BCEWithLogitsLoss(), "cpu", dtype, max_norm)
         expect(
             isinstance(loss, (float, int)) or (torch.is_tensor(loss) and loss.numel() == 1),
             f"return the loss as a float (loss.item()), got {type(loss).__name__}.",
         )
+        _expect_unscaled(float(loss), want, scaler, name)
         losses.append(float(loss))
         events = scaler.events[before:]
         expect(seen, "the model was never called: compute model(x) inside the step.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import marshal
+import os
 import pickle
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,7 @@ from helpers.checks import (
     one_backward_per_forward_hint,
     probe,
     run_check,
+    torchrun_environment,
 )
 from helpers.data import make_classification_data
 from helpers.launch import TINY_JOB_RANKS, launch, new_run_dir, read_results
@@ -131,28 +134,33 @@ def _no_peer(name: str) -> Callable[..., Any]:
 
 @contextmanager
 def _one_rank_world(out: Path) -> Iterator[None]:
-    """A one-rank gloo group in this process, point-to-point calls refused, then torn down (chapter 4)."""
-    dist.init_process_group(
-        "gloo",
-        init_method=(out / "pg").resolve().as_uri(),
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=IN_PROCESS_TIMEOUT_S),  # a wait for rank 1 ends
-    )
-    real = {name: getattr(dist, name) for name in _P2P if hasattr(dist, name)}
-    try:
-        for name in real:
-            setattr(dist, name, _no_peer(name))
-        yield
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
-        if dist.is_initialized():
-            try:
-                teardown()  # a barrier first: see its comment
-            except RuntimeError:  # the learner's code left the group broken: just leave it
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+    """A one-rank gloo group in this process, as torchrun's rank 0 sees it, then torn down (chapter 4).
+
+    The environment is torchrun's (RANK, WORLD_SIZE, ...), so an answer that reads it works;
+    point-to-point calls are refused, since a world of one has no peer.
+    """
+    with mock.patch.dict(os.environ, torchrun_environment(rank=0, world_size=1)):
+        dist.init_process_group(
+            "gloo",
+            init_method=(out / "pg").resolve().as_uri(),
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=IN_PROCESS_TIMEOUT_S),  # a wait for rank 1 ends
+        )
+        real = {name: getattr(dist, name) for name in _P2P if hasattr(dist, name)}
+        try:
+            for name in real:
+                setattr(dist, name, _no_peer(name))
+            yield
+        finally:
+            for name, fn in real.items():
+                setattr(dist, name, fn)
+            if dist.is_initialized():
+                try:
+                    teardown()  # a barrier first: see its comment
+                except RuntimeError:  # the learner's code left the group broken: just leave it
+                    if dist.is_initialized():
+                        dist.destroy_process_group()
 
 
 def run_in_process(fn: Callable, name: str, steps: int = task.ACCUM_STEPS) -> dict[str, Any]:

@@ -9,17 +9,20 @@ Every probe runs on the CPU or on the meta device (shapes only), in a few second
 from __future__ import annotations
 
 import math
+import numbers
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import cache
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.activations import ActivationMeter
@@ -66,6 +69,42 @@ class _NoBuiltinAttention(TorchFunctionMode):
         if getattr(func, "__name__", "") == "scaled_dot_product_attention":
             raise CheckFailed(_WRITE_IT_OUT.format(what="F.scaled_dot_product_attention"))
         return func(*args, **(kwargs or {}))
+
+
+#: Pieces of the names of the aten ops behind every fused attention entry point: F.sdpa, its
+#: CPU flash, memory-efficient, cuDNN and math kernels, the kernel choice, nn.MultiheadAttention's
+#: fast path and the fused transformer layers.
+_FUSED_ATTENTION_OPS = (
+    "scaled_dot_product",
+    "_fused_sdp_choice",
+    "flash_attention",
+    "efficient_attention",
+    "cudnn_attention",
+    "native_multi_head_attention",
+    "_transformer_encoder_layer_fwd",
+)
+
+
+class _NoFusedAttention(TorchDispatchMode):
+    """Fail the check when any aten op of a fused attention kernel runs inside (chapter 7).
+
+    Below every Python entry point (``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``,
+    ``torch._C._nn.scaled_dot_product_attention``, ``nn.MultiheadAttention``, ...) the same few
+    aten ops run, so the ban holds whatever name the code used to reach them.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = str(getattr(func, "__name__", func))
+        if any(piece in name for piece in _FUSED_ATTENTION_OPS):
+            raise CheckFailed(_WRITE_IT_OUT.format(what=f"a fused attention kernel (aten {name})"))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _no_builtin_attention() -> Iterator[None]:
+    """Both bans: F.scaled_dot_product_attention by name, and every fused kernel below it (chapter 7)."""
+    with _NoBuiltinAttention(), _NoFusedAttention():
+        yield
 
 
 def _names_used(fn: Callable[..., Any]) -> set[str]:
@@ -196,7 +235,7 @@ def _run_attention(fn: Callable[..., torch.Tensor], name: str, qkv: list) -> tor
     q = qkv[0]
     before = [(t.clone(), t._version) for t in qkv]
     try:
-        with probe(name), _NoBuiltinAttention():
+        with probe(name), _no_builtin_attention():
             got = fn(*qkv)
     except CheckFailed as exc:
         if q.dtype == torch.float32 or "dtype" not in str(exc):
@@ -237,6 +276,27 @@ def _value_probes(fn: Callable[..., torch.Tensor]) -> None:
             raise CheckFailed(f"[probe: {name}] " + _attention_hint(got, *qkv))
 
 
+def _large_scores_probe(fn: Callable[..., torch.Tensor]) -> None:
+    """Scores in the thousands, where exp() overflows fp32: the max must come off first (chapter 7)."""
+    q, k, v = _qkv((2, 2, 8, 16), torch.float32, False, seed=20)
+    q, k = q * 40, k * 40  # scores q.k / 4 of order 40 * 40: far above log(fp32 max) = 88.7
+    name = "large scores (q and k times 40)"
+    got = _run_attention(fn, name, [q, k, v])
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    largest = (q.double() @ k.double().transpose(-2, -1)).abs().max().item() / 4
+    if not torch.isfinite(got).all():
+        raise CheckFailed(
+            f"[probe: {name}] your output has inf or NaN: with scores up to {largest:.0f}, "
+            "exp(score) overflows float32 (above 88.7) and inf / inf is NaN. Subtract each "
+            "row's max before exp (torch.softmax does it for you): the result is the same."
+        )
+    # Rounding q @ k^T in fp32 moves each score by up to ~eps * |score| * 2, and a weight
+    # exp(score - max) by as much relatively; 8x that bound covers summation order.
+    tol = 8 * 2 * torch.finfo(torch.float32).eps * largest
+    if not torch.allclose(got.double(), want, rtol=tol, atol=tol):
+        raise CheckFailed(f"[probe: {name}] " + _attention_hint(got, q, k, v))
+
+
 def _meta_probe(fn: Callable[..., torch.Tensor]) -> None:
     """On the meta device: right shape and device, and no CPU tensor (mask) mixed in (chapter 7)."""
     qkv = [torch.empty(2, 4, 6, 16, device="meta") for _ in "qkv"]
@@ -268,7 +328,7 @@ def _causal_and_gradient_probes(fn: Callable[..., torch.Tensor]) -> None:
     )
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     weights = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(3))
-    with probe("gradients"), _NoBuiltinAttention():
+    with probe("gradients"), _no_builtin_attention():
         out = fn(*leaves)
         expect(
             out.requires_grad,
@@ -304,6 +364,7 @@ def check_causal_attention(fn: Callable[..., torch.Tensor]) -> CheckResult:
 
     def probes() -> None:
         _value_probes(fn)
+        _large_scores_probe(fn)
         _causal_and_gradient_probes(fn)
         if _meta_attention_runs():
             _meta_probe(fn)
@@ -524,6 +585,50 @@ def _forward_sizes(model: nn.Module) -> Iterator[list[int]]:
         handle.remove()
 
 
+class _Saved:
+    """A tensor autograd saved for backward, held so that its lifetime can be watched (chapter 7)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+@contextmanager
+def _earlier_activations_alive(model: nn.Module) -> Iterator[list[int]]:
+    """At each forward of `model`, the bytes earlier forwards' saved tensors still hold (chapter 7).
+
+    Every tensor autograd saves inside the block is packed into a ``_Saved`` that autograd
+    keeps until backward frees it (or, with ``retain_graph=True``, until the graph itself goes).
+    Parameters are left out: they live anyway.
+    """
+    held: list[weakref.ref] = []
+    alive_at: list[int] = []
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t: torch.Tensor) -> _Saved:
+        saved = _Saved(t)
+        held.append(weakref.ref(saved))
+        return saved
+
+    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        storages = {}
+        for ref in held:
+            saved = ref()
+            if saved is not None and not saved.tensor.is_meta:
+                storage = saved.tensor.untyped_storage()
+                if storage.data_ptr() not in params:
+                    storages[storage.data_ptr()] = storage.nbytes()
+        alive_at.append(sum(storages.values()))
+
+    handle = model.register_forward_pre_hook(before, with_kwargs=True)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved.tensor):
+            yield alive_at
+    finally:
+        handle.remove()
+
+
 def _accumulation_run(
     fn: Callable[..., Any], model: GPT, x: torch.Tensor, y: torch.Tensor, micro: int
 ) -> tuple[Any, list[int], list[str], SyncCounter]:
@@ -536,6 +641,7 @@ def _accumulation_run(
         probe(f"batch {n}, micro_batches={micro}"),
         _forward_sizes(model) as sizes,
         work_order(model, first) as events,
+        _earlier_activations_alive(model) as alive,
         SyncCounter() as syncs,
     ):
         got = fn(model, x, y, micro)
@@ -545,6 +651,14 @@ def _accumulation_run(
         all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), weights)),
         where + "the weights changed: accumulate gradients only, take no optimizer step.",
     )
+    kept = next(((i, b) for i, b in enumerate(alive) if b), None)
+    if kept and forwards_at_once(events) <= 1:  # several forwards at once get their own hint
+        raise CheckFailed(
+            where + f"when micro-batch {kept[0] + 1} started, {kept[1]:,} bytes of earlier "
+            "micro-batches' activations were still alive: backward(retain_graph=True), or a "
+            "loss kept with its graph, holds them, so every chunk's activations pile up as if "
+            "unsplit. Call loss.backward() without retain_graph and keep only loss.detach()."
+        )
     return got, sizes, events, syncs
 
 
@@ -660,11 +774,13 @@ def _meta_gpt(cfg: GPTConfig) -> GPT:
 
 
 def _saved_bytes(cfg: GPTConfig, batch: int, way: str = "right") -> int:
-    """Activation bytes of one forward at `batch`, measured 'right', 'no targets' or 'with parameters' (chapter 7)."""
+    """Activation bytes of one forward at `batch`, measured 'right' (targets a tensor of their
+    own), 'no targets', 'tokens as targets' or 'with parameters' (chapter 7)."""
     model = _meta_gpt(cfg)
     idx = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
+    targets = idx if way == "tokens as targets" else torch.zeros_like(idx)
     with ActivationMeter(*(() if way == "with parameters" else (model,))) as meter:
-        model(idx) if way == "no targets" else model(idx, idx)
+        model(idx) if way == "no targets" else model(idx, targets)
     return meter.total_bytes
 
 
@@ -679,6 +795,13 @@ def _budget_hint(got: int, want: int, cfg: GPTConfig, budget: int) -> str:
     """The hint for a wrong largest batch (chapter 7)."""
     at = {b: _saved_bytes(cfg, b) for b in (want, want + 1) if b > 0}
     where = f"[probe: {cfg}, budget {budget:,} bytes] you returned {got}, expected {want}: "
+    # First: its answers are one above the right ones near a budget's edge, as an off-by-one is.
+    if got == _largest_by(cfg, budget, "tokens as targets"):
+        return where + (
+            "you passed the tokens as their own targets, model(idx, idx): one tensor, counted "
+            "once. A training batch's targets are a tensor of their own (the next tokens), which "
+            "the loss saves too: make targets = torch.zeros_like(idx) and call model(idx, targets)."
+        )
     if got == want + 1:
         return where + (
             f"batch {got} saves {at[got]:,} bytes, more than the budget: you returned the first "
@@ -706,31 +829,37 @@ def _budget_hint(got: int, want: int, cfg: GPTConfig, budget: int) -> str:
         )
     return where + (
         "measure one forward of make_gpt(cfg, device='meta') on (batch, cfg.seq_len) tokens "
-        "with targets under ActivationMeter(model), and keep the largest batch with total_bytes "
-        "<= budget_bytes."
+        "and targets of their own under ActivationMeter(model), and keep the largest batch with "
+        "total_bytes <= budget_bytes."
     )
 
 
+#: The most forwards one call may run, as exercise 4 states: doubling then bisection needs
+#: about 2 * log2(answer) + 2 (22 for an answer near 500), stepping one batch at a time one per batch.
+FORWARD_LIMIT = 64
+
+
 @contextmanager
-def _gpt_forwards(limit: int) -> Iterator[list[torch.device]]:
-    """The device of every GPT forward in the block; fail past `limit` forwards (chapter 7)."""
-    devices: list[torch.device] = []
+def _gpt_forwards(limit: int = FORWARD_LIMIT) -> Iterator[list[set[torch.device]]]:
+    """The devices of the tensors of every GPT forward in the block, positional or by name;
+    fail past `limit` forwards (chapter 7)."""
+    devices: list[set[torch.device]] = []
+    real = GPT.forward
 
-    def record(module: nn.Module, args: tuple) -> None:
-        if isinstance(module, GPT):
-            devices.append(args[0].device if args and isinstance(args[0], torch.Tensor) else None)
-            if len(devices) > limit:
-                raise CheckFailed(
-                    f"you ran more than {limit} forwards: double the batch until it does not "
-                    "fit, then bisect (helpers.max_batch.find_max_batch does both); do not step "
-                    "one by one."
-                )
+    def spy(self: GPT, *args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        devices.append({t.device for t in tensors})
+        if len(devices) > limit:
+            raise CheckFailed(
+                f"you ran more than {limit} forwards in one call, the most this exercise allows: "
+                "doubling the batch until it does not fit, then bisecting, needs about "
+                "2 * log2(answer) forwards (helpers.max_batch.find_max_batch does both); trying "
+                "one batch size after another needs one forward per size."
+            )
+        return real(self, *args, **kwargs)
 
-    handle = register_module_forward_pre_hook(record)
-    try:
+    with mock.patch.object(GPT, "forward", spy):
         yield devices
-    finally:
-        handle.remove()
 
 
 def _budget_probe(
@@ -739,22 +868,21 @@ def _budget_probe(
     """A budget exactly at `batch`'s bytes and, if `below`, one byte below it (chapter 7)."""
     exact = _saved_bytes(cfg, batch)
     for budget, want in ((exact, batch), (exact - 1, batch - 1))[: 2 if below else 1]:
-        limit = 2 * math.ceil(math.log2(want + 2)) + 6
-        with probe(f"{cfg}, budget {budget:,} bytes"), _gpt_forwards(limit) as devices:
+        with probe(f"{cfg}, budget {budget:,} bytes"), _gpt_forwards() as devices:
             got = fn(cfg, budget)
         where = f"[probe: {cfg}, budget {budget:,} bytes] "
         expect(
-            isinstance(got, int) and not isinstance(got, bool),
-            where + f"return the batch size as an int, not {type(got).__name__}.",
+            isinstance(got, numbers.Integral) and not isinstance(got, bool),
+            where + f"return the batch size as an integer, not {type(got).__name__}.",
         )
         if got != want:
-            raise CheckFailed(_budget_hint(got, want, cfg, budget))
+            raise CheckFailed(_budget_hint(int(got), want, cfg, budget))
+        used = set().union(*devices) if devices else set()
         expect(
-            all(d is None or d.type == "meta" for d in devices),  # None: tokens passed by name
-            where
-            + f"your forwards ran on {sorted({str(d) for d in devices if d})}: build the model "
-            "and the tokens on the meta device (make_gpt(cfg, device='meta')), which measures "
-            "shapes and uses no memory.",
+            all(d.type == "meta" for d in used),
+            where + f"your forwards ran on {sorted(str(d) for d in used)}: build the model and the "
+            "tokens on the meta device (make_gpt(cfg, device='meta')), which measures shapes "
+            "and uses no memory.",
         )
 
 
@@ -763,7 +891,7 @@ def _too_small_probe(fn: Callable[[GPTConfig, int], int], cfg: GPTConfig) -> Non
     budget = _saved_bytes(cfg, 1) - 1
     where = f"[probe: {cfg}, budget {budget:,} bytes, below batch 1's] "
     try:
-        with _gpt_forwards(limit=8):
+        with _gpt_forwards():
             got = fn(cfg, budget)
     except ValueError:
         return
