@@ -338,14 +338,17 @@ def test_zero1_mistakes_caught_on_the_ranks(wrong, hints: tuple) -> None:  # noq
 # --- the in-process world looks like torchrun's ----------------------------------------------
 
 
-def test_torchrun_environment_is_set_inside_and_restored_after(monkeypatch) -> None:  # noqa: ANN001
+def test_the_one_rank_world_has_torchruns_environment_and_restores_it(
+    tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
     monkeypatch.setenv("RANK", "7")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with ch08p.torchrun_environment():
+    with ch08p.one_rank_world(tmp_path):
         assert os.environ["RANK"] == os.environ["LOCAL_RANK"] == "0"
         assert os.environ["WORLD_SIZE"] == "1" and os.environ["MASTER_ADDR"] == "127.0.0.1"
-        assert 0 < int(os.environ["MASTER_PORT"]) < 65536
+        assert dist.get_world_size() == 1
     assert os.environ["RANK"] == "7" and "WORLD_SIZE" not in os.environ
+    assert not dist.is_initialized()
 
 
 def test_a_notebook_process_group_leaves_world_size_one_to_the_launch(monkeypatch) -> None:  # noqa: ANN001

@@ -16,17 +16,25 @@ import datetime
 import os
 import pickle
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.checks import CheckFailed, CheckResult, NotDoneYet, expect, probe, run_check
+from helpers.checks import (
+    CheckFailed,
+    CheckResult,
+    NotDoneYet,
+    expect,
+    probe,
+    run_check,
+    torchrun_environment,
+)
 from helpers.checks.ch04 import is_stub, launched_ranks, payload
 from helpers.data import make_classification_data
 from helpers.launch import launch, new_run_dir, read_results
@@ -39,34 +47,10 @@ ONE_RANK_TIMEOUT_S = 5
 GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
 
 
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for MASTER_PORT (nothing listens on it) (chapter 8)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def torchrun_environment(rank: int = 0, world: int = 1) -> Iterator[None]:
-    """RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun sets them, restored after (chapter 8)."""
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    saved = {n: os.environ.get(n) for n in names}
-    values = (str(rank), str(rank), str(world), "127.0.0.1", str(_free_port()))
-    os.environ.update(dict(zip(names, values)))
-    try:
-        yield
-    finally:
-        for n, v in saved.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
-
-
 @contextlib.contextmanager
 def one_rank_world(folder: Path) -> Iterator[None]:
     """A one-rank gloo group in this process, with torchrun's environment, torn down after (chapter 8)."""
-    with torchrun_environment():
+    with mock.patch.dict(os.environ, torchrun_environment(rank=0, world_size=1)):
         dist.init_process_group(
             "gloo",
             init_method=(folder / "pg").resolve().as_uri(),
