@@ -74,6 +74,13 @@ Chapter 8, build it yourself
   interpreted on a CPU), and whether Triton can run here
 - ``helpers.attention_timing``: SDPA, the tiles, the written-out attention and Triton timed
   side by side, with their memory
+- ``helpers.comm_overlap``: spans of communication against compute (hidden and exposed),
+  gradient buckets, flat-vector shards, ranges labelled for the profiler and NVTX, the
+  Nsight Systems command
+- ``helpers.dp_by_hand``: reading the data-parallel runs: the gradients' rounding bound,
+  tables, the overlap plot, a profiler trace read back
+- ``helpers.scripts``: ``dp_by_hand.py`` (four ways against DDP), ``zero1_by_hand.py``,
+  ``fsdp_by_hand.py``, and ``ch08_exercise_check.py`` for the exercise checks
 """
 
 __version__ = "0.1.0"

@@ -26,7 +26,14 @@ from helpers.scripts.common import JOB_MARKER, exit_now, setup, teardown
 SEPARATOR = "--then"
 #: Scripts that can share a launch: each has build_parser() and run(ctx, args). The others
 #: cannot: elastic_train fails and restarts on purpose, scaling makes groups of its own.
-JOINABLE = ("manual_allreduce", "ddp_train", "fsdp_vs_ddp")
+JOINABLE = (
+    "manual_allreduce",
+    "ddp_train",
+    "fsdp_vs_ddp",
+    "dp_by_hand",
+    "zero1_by_hand",
+    "fsdp_by_hand",
+)
 USAGE = f"one_launch.py SCRIPT [OPTIONS] {SEPARATOR} SCRIPT [OPTIONS] ..."
 
 

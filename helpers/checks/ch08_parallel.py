@@ -1,0 +1,321 @@
+"""Checkers for chapter 8's data-parallel exercises: the overlapped all-reduce hooks, the ZeRO-1 step (chapter 8).
+
+Each runs the learner's function at two world sizes, as chapter 4's checkers do: first in this
+process, in a one-rank gloo group whose environment says what torchrun would (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), then on 3 gloo ranks
+launched with torchrun (``helpers/scripts/ch08_exercise_check.py``). Every collective the
+function calls is recorded (its name, whether it was async and waited for, whether it ran
+inside backward and on which tensor), so that a right value reached the wrong way, or a wrong
+value, each gets its own hint. An untouched stub is recognised without launching anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.checks import (
+    CheckFailed,
+    CheckResult,
+    NotDoneYet,
+    expect,
+    probe,
+    run_check,
+    torchrun_environment,
+)
+from helpers.checks.ch04 import is_stub, launched_ranks, payload
+from helpers.data import make_classification_data
+from helpers.launch import launch, new_run_dir, read_results
+from helpers.scripts import ch08_exercise_check as task
+from helpers.scripts.common import Context, teardown
+
+#: Seconds before a collective in the one-rank group gives up.
+ONE_RANK_TIMEOUT_S = 5
+#: Gradients of the same batch, summed over ranks in another order: fp32 rounding, far below this.
+GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
+
+
+@contextlib.contextmanager
+def one_rank_world(folder: Path) -> Iterator[None]:
+    """A one-rank gloo group in this process, with torchrun's environment, torn down after (chapter 8)."""
+    with mock.patch.dict(os.environ, torchrun_environment(rank=0, world_size=1)):
+        dist.init_process_group(
+            "gloo",
+            init_method=(folder / "pg").resolve().as_uri(),
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=ONE_RANK_TIMEOUT_S),
+        )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(RuntimeError):
+                teardown()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def run_at_world_one(fn: Callable, name: str) -> dict[str, Any]:
+    """Run task `name` on `fn` here, at world size 1; {} when the notebook has its own group (chapter 8)."""
+    if is_stub(fn):
+        raise NotDoneYet
+    payload(fn)  # self-contained, as the launched ranks will need it: say so before running
+    if dist.is_initialized():
+        return {}
+    folder = Path(tempfile.mkdtemp(prefix=f"course_ch08_exercise_{name}_"))
+    try:
+        with one_rank_world(folder), probe("1 rank, in this process"):
+            return task.run_task(name, Context(0, 1, 0, "gloo", torch.device("cpu")), fn)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_on_launched_ranks(fn: Callable, name: str, world: int) -> list[dict[str, Any]]:
+    """Run `fn` as task `name` on `world` launched gloo ranks; each rank's result (chapter 8)."""
+    if is_stub(fn):
+        raise NotDoneYet
+    data = payload(fn)
+    out = new_run_dir(f"exercise_{name}")
+    try:
+        with open(out / "payload.pkl", "wb") as f:
+            pickle.dump(data, f)
+        args = ["--payload", out / "payload.pkl", "--task", name, "--out", out, "--pg-timeout", 20]
+        res = launch(
+            "ch08_exercise_check", world, args, backend="gloo", timeout=120, echo=False,
+            check=False, tiny_job=True,
+        )  # fmt: skip
+        if not res.ok:
+            tail = "\n".join(res.lines[-15:])
+            raise CheckFailed(f"the {world}-rank run failed. {res.message}\nLast lines:\n{tail}")
+        results = read_results(out, world)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if any(r["status"] == "todo" for r in results):
+        raise NotDoneYet
+    errors = [r["error"] for r in results if r["status"] == "error"]
+    expect(not errors, f"[probe: {world} ranks] your function raised on the ranks: {errors[:1]}")
+    return results
+
+
+def _where(world: int, rank: int) -> str:
+    """'[probe: 3 ranks, rank 1] ' or '[probe: 1 rank] ' (chapter 8)."""
+    return f"[probe: {world} ranks, rank {rank}] " if world > 1 else "[probe: 1 rank] "
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor], scale: float = 1.0) -> bool:
+    """Two lists of gradients equal up to rounding, b scaled by `scale` (chapter 8)."""
+    return all(torch.allclose(x, y * scale, rtol=GRAD_RTOL, atol=GRAD_ATOL) for x, y in zip(a, b))
+
+
+def reference_grads(world: int, step: int) -> list[torch.Tensor]:
+    """One process's gradients on the whole global batch of step `step` (chapter 8)."""
+    x, y = make_classification_data(task.PER_RANK_BATCH * world, seed=20 + step)
+    model = task.make_mlp(task.SIZES, seed=3)
+    nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+_NOT_OVERLAPPED = (
+    "no all-reduce started during backward: the point is to send each gradient while backward "
+    "is still computing the earlier layers. Register p.register_post_accumulate_grad_hook(hook) "
+    "on every parameter and start dist.all_reduce(p.grad, async_op=True) inside the hook; "
+    "finish() only waits."
+)
+_BLOCKING = (
+    "an all-reduce inside backward was blocking (async_op=False): backward stops until it is "
+    "done, so nothing overlaps. Pass async_op=True in the hook, keep the work it returns, and "
+    "call work.wait() in finish()."
+)
+_TOO_EARLY = (
+    "an all-reduce started before the gradient was accumulated into p.grad: a hook from "
+    "p.register_hook(...) gets the incoming gradient, which autograd has not yet added to "
+    "p.grad (so what you reduce is not what lands in .grad). Use "
+    "p.register_post_accumulate_grad_hook(hook), which runs once p.grad is complete, and "
+    "all-reduce p.grad."
+)
+_NO_WAIT = (
+    "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
+    "work the hooks started, before dividing; without it the gradient may still be in flight "
+    "when the optimizer reads it."
+)
+
+
+def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
+    """The order of work of one step: in backward, async, on p.grad, waited, once each (chapter 8)."""
+    calls = [c for c in step["calls"] if c["op"] == "all_reduce"]
+    during = [c for c in calls if c["in backward"]]
+    expect(during, at + _NOT_OVERLAPPED)
+    expect(all(c["async"] for c in during), at + _BLOCKING)
+    expect(not [c for c in during if c["param shape"] and not c["is a grad"]], at + _TOO_EARLY)
+    unwaited = [c for c in calls if c["async"] and not c["waited"]]
+    expect(not unwaited, at + _NO_WAIT.format(n=len(unwaited)))
+    per_grad = sum(c["param shape"] for c in calls)
+    expect(
+        per_grad <= params,
+        at + f"{per_grad} all-reduces of parameter-shaped tensors for {params} parameters: "
+        "each gradient was reduced more than once (in the hook and again in finish()?). "
+        "Reduce each once, in its hook.",
+    )
+
+
+def _expect_overlap_values(res: dict, world: int, rank: int) -> None:
+    """Both steps' gradients against one process's on the whole batch (chapter 8)."""
+    at = _where(world, rank)
+    for step, got in enumerate(res["steps"]):
+        ref, where = reference_grads(world, step), at + f"step {step + 1}: "
+        expect(got["grads"] is not None, where + "a parameter has no gradient after finish().")
+        g = got["grads"]
+        if world > 1 and not _close(g, ref):
+            expect(
+                not _close(g, ref, world),
+                where + f"the gradients are {world}x too large: all_reduce sums, so divide by "
+                "dist.get_world_size() once, in finish() after the wait.",
+            )
+            again = "averaged twice" if step == 0 else "averaged again in the second step"
+            expect(
+                not _close(g, ref, 1 / world),
+                where + f"the gradients are {world}x too small: {again}. Divide once (or use "
+                "ReduceOp.AVG without dividing), and let finish() forget the works it waited "
+                "for (clear its list), so that the next step does not divide them again.",
+            )
+        expect(
+            _close(g, ref) or step == 0,
+            where + "the first step was right and this one is not: finish() must forget the "
+            "works it waited for (clear its list), or the next step waits for and divides "
+            "stale entries again, racing with the new all-reduces.",
+        )
+        expect(
+            _close(g, ref),
+            where + "the gradients differ from one process's gradient on the whole batch: "
+            "all-reduce every p.grad once (async, in its hook), wait for each work in finish(), "
+            "then divide by dist.get_world_size().",
+        )
+
+
+def _expect_overlapped(res: dict, world: int, rank: int) -> None:
+    """Everything one rank did with the learner's hooks (chapter 8)."""
+    at = _where(world, rank)
+    expect(
+        res["finish callable"],
+        at + "return a function finish() that waits for the all-reduces and divides; "
+        "the check calls it after every backward.",
+    )
+    expect(not res["moved"], at + "the weights changed: average the gradients only, no step.")
+    expect(
+        res["setup calls"] == 0,
+        at + "your function called a collective before any backward: register the hooks only.",
+    )
+    for step, got in enumerate(res["steps"]):
+        _expect_overlap_calls(got, res["params"], at + f"step {step + 1}: ")
+    _expect_overlap_values(res, world, rank)
+
+
+def check_overlap_hooks(overlap_hooks: Callable[[nn.Module], Callable[[], None]]) -> CheckResult:
+    """Exercise 3: all-reduce each gradient from its post-accumulate hook, overlapping backward (chapter 8)."""
+
+    def probes() -> None:
+        one = run_at_world_one(overlap_hooks, "overlap_hooks")
+        if one:
+            _expect_overlapped(one, 1, 0)
+        world = launched_ranks()
+        for r, res in enumerate(run_on_launched_ranks(overlap_hooks, "overlap_hooks", world)):
+            _expect_overlapped(res, world, r)
+
+    return run_check("Exercise 3, all-reduce overlapped with backward", probes)
+
+
+def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
+    """The collectives of one ZeRO-1 step: no all-reduce, an all-gather after the step (chapter 8)."""
+    ops = [c["op"] for c in step["calls"]]
+    expect(
+        "all_reduce" not in ops,
+        at + "you all-reduced: the gradients arrive averaged already (DDP did it). A ZeRO-1 step "
+        "only steps this rank's piece and all-gathers the pieces.",
+    )
+    expect("step" in ops, at + "optimizer.step() was never called: it updates your shard.")
+    gathers = [i for i, op in enumerate(ops) if op.startswith("all_gather")]
+    if world > 1:
+        expect(
+            gathers,
+            at + "no all-gather: the other ranks' updated pieces never reached this rank. "
+            "dist.all_gather(pieces, shard) after optimizer.step(), then write them back.",
+        )
+    expect(
+        not gathers or gathers[-1] > ops.index("step"),
+        at + "you all-gathered before optimizer.step(): the pieces you sent were the old ones. "
+        "Step first, then gather.",
+    )
+
+
+def _expect_zero1_values(step: dict, at: str) -> None:
+    """One ZeRO-1 step's parameters against full Adam's on the same gradients (chapter 8)."""
+    before, after, want = step["before"], step["after"], step["want"]
+    tol = 1e-6 if step["dtype"] == "torch.float32" else 1e-12  # Adam's steps are about lr = 1e-2
+    expect(
+        step["shard moved"],
+        at + "the shard did not change: set shard.grad to this rank's piece of the flat gradient "
+        "(the gradients of all parameters, flattened, zero-padded to world x shard.numel()) "
+        "before optimizer.step().",
+    )
+    expect(
+        not torch.equal(after, before),
+        at + "the parameters did not change: write the gathered pieces back into every "
+        "parameter (in place, under torch.no_grad()).",
+    )
+    worst = (after - want).abs().max().item()
+    expect(
+        worst <= tol or step["dtype"] != "torch.float64" or worst > 1e-5,
+        at + f"the parameters differ from full Adam's by {worst:.2g}, a float32 rounding error "
+        "in a float64 model: keep the parameters' dtype (create buffers with torch.empty_like "
+        "or the shard's dtype), so nothing passes through float32.",
+    )
+    start, stop = step["shard"]
+    mine = slice(start, min(stop, want.numel()))
+    expect(
+        (after[mine] - want[mine]).abs().max().item() <= tol,
+        at + f"this rank's own piece (elements {start}..{stop - 1} of the flat vector) differs "
+        "from full Adam's: its gradient is elements rank*s .. (rank+1)*s of the flat gradient, "
+        "s = shard.numel().",
+    )
+    expect(
+        worst <= tol,
+        at + f"this rank's own piece is right, but another rank's differs from full Adam's by "
+        f"up to {worst:.2g}: each rank steps its own piece of the gradient (elements rank*s .. "
+        "(rank+1)*s, with its own dist.get_rank()), and the gathered pieces, in rank order, "
+        "are the flat vector: drop the padding and copy it back parameter by parameter.",
+    )
+
+
+def _expect_zero1(res: dict, world: int, rank: int) -> None:
+    """Both dtypes and both steps of one rank's ZeRO-1 run (chapter 8)."""
+    for dtype, steps in (("float32", res["float32"]), ("float64", res["float64"])):
+        for i, step in enumerate(steps):
+            at = _where(world, rank) + f"{dtype}, step {i + 1}: "
+            _expect_zero1_calls(step, world, at)
+            _expect_zero1_values(step, at)
+
+
+def check_zero1_step(zero1_step: Callable[..., None]) -> CheckResult:
+    """Exercise 4: step this rank's piece with Adam, all-gather the pieces, write them back (chapter 8)."""
+
+    def probes() -> None:
+        one = run_at_world_one(zero1_step, "zero1_step")
+        if one:
+            _expect_zero1(one, 1, 0)
+        world = launched_ranks()
+        for r, res in enumerate(run_on_launched_ranks(zero1_step, "zero1_step", world)):
+            _expect_zero1(res, world, r)
+
+    return run_check("Exercise 4, a ZeRO-1 step", probes)

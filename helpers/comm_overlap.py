@@ -1,0 +1,165 @@
+"""Overlap arithmetic, buckets, shards and labelled ranges for data parallelism by hand (chapter 8).
+
+Imported by the chapter 8 scripts (on every rank) and by the notebook: torch and the standard
+library only, nothing that draws. A *span* is ``(start, end)`` in seconds on one clock:
+
+- ``hidden_communication(comm, compute)``: how much of the time some all-reduce was in flight
+  overlapped compute (hidden), and how much the step had to wait for (exposed);
+- ``kernel_spans(events)``: those spans on a GPU, from the profiler's kernels (NCCL kernels
+  are communication, every other kernel compute);
+- ``trace_spans(trace, names)``: spans read back from a Chrome/Perfetto trace file;
+- ``plan_buckets`` and ``shard_bounds``: how gradients are grouped and the flat parameter
+  vector is cut among ranks;
+- ``labelled(name, device)``: one range that the PyTorch profiler records and, on CUDA, Nsight
+  Systems too (NVTX); ``nsys_command`` prints the command that records it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.profiler import record_function
+
+Span = tuple[float, float]
+
+#: Substring of every NCCL kernel's name (ncclDevKernel_AllReduce_..., ncclKernel_...); RCCL too.
+NCCL_KERNEL = "nccl"
+
+
+def merge_spans(spans: Iterable[Span]) -> list[Span]:
+    """Sorted, non-overlapping spans covering the same time as `spans` (chapter 8)."""
+    merged: list[list[float]] = []
+    for start, end in sorted((float(s), float(e)) for s, e in spans):
+        if end < start:
+            raise ValueError(f"A span ends before it starts: ({start}, {end}).")
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def total_length(spans: Iterable[Span]) -> float:
+    """Seconds covered by at least one span (chapter 8)."""
+    return sum(e - s for s, e in merge_spans(spans))
+
+
+def overlap_length(a: Iterable[Span], b: Iterable[Span]) -> float:
+    """Seconds covered by both a span of `a` and a span of `b` (chapter 8)."""
+    left, right = merge_spans(a), merge_spans(b)
+    i = j = 0
+    both = 0.0
+    while i < len(left) and j < len(right):
+        lo, hi = max(left[i][0], right[j][0]), min(left[i][1], right[j][1])
+        both += max(0.0, hi - lo)
+        if left[i][1] < right[j][1]:
+            i += 1
+        else:
+            j += 1
+    return both
+
+
+def hidden_communication(comm: Iterable[Span], compute: Iterable[Span]) -> dict[str, float]:
+    """In-flight, hidden (under compute) and exposed communication seconds, and the hidden share (chapter 8)."""
+    comm, compute = list(comm), list(compute)
+    in_flight = total_length(comm)
+    hidden = overlap_length(comm, compute)
+    return {
+        "in flight s": in_flight,
+        "hidden s": hidden,
+        "exposed s": in_flight - hidden,
+        "hidden share": hidden / in_flight if in_flight > 0 else 0.0,
+    }
+
+
+def kernel_spans(events: Iterable[Any]) -> tuple[list[Span], list[Span]]:
+    """(communication, compute) spans in seconds of the GPU kernels in profiler events (chapter 8)."""
+    comm: list[Span] = []
+    compute: list[Span] = []
+    for e in events:
+        kind = getattr(getattr(e, "device_type", None), "name", str(getattr(e, "device_type", "")))
+        if kind.upper() not in ("CUDA", "PRIVATEUSE1", "HIP"):
+            continue  # CPU ops and ranges: the GPU's own timeline is what counts here
+        span = (e.time_range.start / 1e6, e.time_range.end / 1e6)  # profiler times are in µs
+        (comm if NCCL_KERNEL in e.name.lower() else compute).append(span)
+    return comm, compute
+
+
+def trace_spans(trace: Mapping[str, Any], names: Sequence[str]) -> dict[str, list[Span]]:
+    """Spans in seconds of the complete ('X') events of a Chrome trace whose name starts with each of `names` (chapter 8)."""
+    found: dict[str, list[Span]] = {n: [] for n in names}
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        for n in names:
+            if str(e.get("name", "")).startswith(n):
+                start = float(e["ts"]) / 1e6  # Chrome traces count microseconds
+                found[n].append((start, start + float(e["dur"]) / 1e6))
+    return found
+
+
+def rounding_bound(abs_sum: list[torch.Tensor], world: int) -> list[torch.Tensor]:
+    """Per element, how far two orders of summing and averaging `world` gradients can differ in fp32 (chapter 8).
+
+    Each way computes mean = sum of the ranks' g_r (divided before or after). Summing W terms
+    in any order, with one division each or in all, is within (W + 1) u sum|g_r| / W of the
+    exact mean (u = eps / 2, the unit roundoff: W - 1 additions, the divisions, Higham's
+    bound for recursive summation); two such results are within twice that of each other.
+    """
+    eps = torch.finfo(torch.float32).eps
+    return [(world + 1) * eps * s / world for s in abs_sum]
+
+
+def plan_buckets(sizes: Sequence[int], cap_bytes: int) -> list[list[int]]:
+    """Indices of `sizes` (bytes) in order, a bucket closed once it holds `cap_bytes` or more, as DDP does (chapter 8)."""
+    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes <= 0:
+        raise ValueError(f"cap_bytes must be a positive whole number of bytes, got {cap_bytes!r}.")
+    buckets: list[list[int]] = [[]]
+    filled = 0
+    for i, size in enumerate(sizes):
+        if size < 0:
+            raise ValueError(f"Sizes are byte counts >= 0, got {size} at index {i}.")
+        buckets[-1].append(i)
+        filled += size
+        if filled >= cap_bytes:
+            buckets.append([])
+            filled = 0
+    return [b for b in buckets if b]
+
+
+def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int, int]:
+    """(start, stop, shard size): rank's piece of a flat vector of `numel` padded to world x size (chapter 8)."""
+    for name, value, low in (("numel", numel, 0), ("world", world, 1), ("rank", rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}.")
+    if rank >= world:
+        raise ValueError(f"rank {rank} does not exist in a world of {world} rank(s).")
+    size = -(-numel // world)  # ceil: the last piece is padded with zeros
+    return rank * size, (rank + 1) * size, size
+
+
+@contextlib.contextmanager
+def labelled(name: str, device: str | torch.device) -> Iterator[None]:
+    """A range the PyTorch profiler records, and on CUDA also an NVTX range for Nsight Systems (chapter 8)."""
+    nvtx = torch.device(device).type == "cuda"
+    with record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+
+
+def nsys_command(
+    script: str, nproc: int, args: Sequence[object] = (), output: str = "ch08_overlap"
+) -> str:
+    """The Nsight Systems command that records CUDA kernels and NVTX ranges of a torchrun job (chapter 8)."""
+    words = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "-o", output, "--force-overwrite", "true"]
+    words += ["torchrun", "--standalone", f"--nproc-per-node={nproc}", script]
+    return shlex.join([*words, *(str(a) for a in args)])

@@ -1,0 +1,222 @@
+"""Runs a learner's function on every rank for the chapter 8 data-parallel exercise checks (chapter 8).
+
+The checker (``helpers.checks.ch08_parallel``) sends the function as chapter 4's checker does
+(its compiled code and the names it uses, ``--payload``); this script rebuilds it on each rank,
+calls it in the exercise's situation and saves what happened (``--out``/rank<r>.pt): the values
+the checker compares with one process's answer, and every collective the function called, in
+order, with what it was given and whether its async work was waited for.
+
+Tasks: ``overlap_hooks`` (all-reduce started from post-accumulate-grad hooks), ``zero1_step``
+(a sharded Adam step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.checks import is_stub_error
+from helpers.comm_overlap import shard_bounds
+from helpers.data import make_classification_data
+from helpers.models import make_mlp
+from helpers.scripts.common import Context, exit_now, flat_params, grads, parser, setup, teardown
+from helpers.scripts.exercise_check import rebuild
+
+#: The MLP every task uses: 353 parameters, a multiple of neither 2 nor 3 (the shards are padded).
+SIZES = (20, 16, 1)
+PER_RANK_BATCH = 8
+STEPS = 2
+LR = 0.01
+#: The collectives the recorder watches, by their name in torch.distributed.
+WATCHED = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "broadcast",
+)
+
+
+class RecordedWork:
+    """An async collective's work, remembering whether anyone waited for it (chapter 8)."""
+
+    def __init__(self, work: Any, call: dict) -> None:
+        self.work, self.call = work, call
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self.call["waited"] = True
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self) -> Any:
+        self.call["waited"] = True  # a future is waited for through its own API
+        return self.work.get_future()
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+@contextlib.contextmanager
+def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
+    """Record every watched collective called inside: name, async, in backward, grad or not (chapter 8)."""
+    calls: list[dict] = []
+    real = {name: getattr(dist, name) for name in WATCHED if hasattr(dist, name)}
+
+    def watch(name: str) -> Any:
+        def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            first = tensor if torch.is_tensor(tensor) else (args[0] if args else None)
+            record = {
+                "op": name,
+                "async": bool(kwargs.get("async_op", False)),
+                "in backward": state.get("in backward", False),
+                "is a grad": any(first is p.grad for p in params),
+                "param shape": any(
+                    torch.is_tensor(first) and first.shape == p.shape for p in params
+                ),
+                "waited": False,
+            }
+            calls.append(record)
+            work = real[name](tensor, *args, **kwargs)
+            return RecordedWork(work, record) if work is not None else None
+
+        return call
+
+    try:
+        for name in real:
+            setattr(dist, name, watch(name))
+        yield calls
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+
+def rank_batch(ctx: Context, step: int, dtype: torch.dtype = torch.float32) -> tuple:
+    """This rank's slice of step `step`'s global batch (chapter 8)."""
+    x, y = make_classification_data(PER_RANK_BATCH * ctx.world_size, seed=20 + step)
+    rows = slice(ctx.rank * PER_RANK_BATCH, (ctx.rank + 1) * PER_RANK_BATCH)
+    return x[rows].to(dtype), y[rows].to(dtype)
+
+
+def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
+    """The learner's hooks on a fresh model, then two steps of backward + finish() (chapter 8)."""
+    model = make_mlp(SIZES, seed=3)
+    params, state, weights = list(model.parameters()), {}, flat_params(model)
+    steps = []
+    with recording(params, state) as calls:
+        finish = fn(model)
+        for step in range(STEPS):
+            model.zero_grad(set_to_none=True)
+            x, y = rank_batch(ctx, step)
+            loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
+            start, state["in backward"] = len(calls), True
+            loss.backward()
+            state["in backward"] = False
+            if callable(finish):
+                finish()
+            missing = [p for p in params if p.grad is None]
+            got = None if missing else grads(model)
+            steps.append({"grads": got, "calls": [dict(c) for c in calls[start:]]})
+    return {
+        "finish callable": callable(finish),
+        "setup calls": len(calls) - sum(len(s["calls"]) for s in steps),
+        "steps": steps,
+        "moved": not flat_params(model).equal(weights),
+        "params": len(params),
+    }
+
+
+def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """Two ZeRO-1 steps of the learner's against full Adam on the same averaged gradients (chapter 8)."""
+    model, replica = make_mlp(SIZES, seed=3).to(dtype), make_mlp(SIZES, seed=3).to(dtype)
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    start, stop, size = shard_bounds(numel, ctx.world_size, ctx.rank)
+    flat = nn.functional.pad(flat_params(model), (0, ctx.world_size * size - numel))
+    shard = flat[start:stop].clone()
+    opt = torch.optim.Adam([shard], lr=LR, foreach=False)
+    full = torch.optim.Adam(replica.parameters(), lr=LR, foreach=False)
+    out, state = [], {}
+    real_step = opt.step
+    for step in range(STEPS):
+        model.zero_grad(set_to_none=True)
+        x, y = rank_batch(ctx, step, dtype)
+        nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+        for p, q in zip(params, replica.parameters()):
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size  # averaged before the learner's step, as DDP would
+            q.grad = p.grad.clone()
+        full.step()
+        before, shard_before = flat_params(model), shard.detach().clone()
+        with recording(params, state) as calls:
+            opt.step = lambda *a, _calls=calls, **k: (
+                _calls.append({"op": "step"}),
+                real_step(*a, **k),
+            )[1]
+            fn(params, shard, opt)
+        opt.step = real_step
+        out.append(
+            {
+                "before": before,
+                "after": flat_params(model),
+                "want": flat_params(replica),
+                "shard moved": not torch.equal(shard.detach(), shard_before),
+                "state numel": sum(
+                    t.numel() for s in opt.state.values() for t in s.values() if t.dim()
+                ),
+                "calls": [dict(c) for c in calls],
+                "dtype": str(params[0].dtype),
+                "shard": (start, stop),
+            }
+        )
+    return out
+
+
+def task_zero1_step(ctx: Context, fn: Any) -> dict[str, Any]:
+    """The learner's ZeRO-1 step in float32, then in float64 (chapter 8)."""
+    return {
+        "float32": zero1_probe(ctx, fn, torch.float32),
+        "float64": zero1_probe(ctx, fn, torch.float64),
+    }
+
+
+def run_task(task: str, ctx: Context, fn: Any) -> dict[str, Any]:
+    """Run one task on this rank (or in the checker's own one-rank group) (chapter 8)."""
+    if task == "overlap_hooks":
+        return task_overlap_hooks(ctx, fn)
+    return task_zero1_step(ctx, fn)
+
+
+def error(exc: BaseException) -> dict[str, str]:
+    """The learner's error as the checker reports it (chapter 8)."""
+    return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--payload", required=True, type=Path)
+    p.add_argument("--task", required=True, choices=["overlap_hooks", "zero1_step"])
+    args = p.parse_args()
+    ctx = setup(args.pg_timeout)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.payload, "rb") as f:
+        payload = pickle.load(f)
+    result: dict[str, Any] = {"status": "ok"}
+    try:
+        result.update(run_task(args.task, ctx, rebuild(payload)))
+    except NotImplementedError as exc:  # the learner's own raise is the stub; torch's is an error
+        result = {"status": "todo"} if is_stub_error(exc) else error(exc)
+    except Exception as exc:  # report the learner's error instead of crashing the job
+        result = error(exc)
+    torch.save(result, args.out / f"rank{ctx.rank}.pt")
+    teardown()
+
+
+if __name__ == "__main__":
+    main()
+    exit_now()  # skip the slow interpreter shutdown: see common.exit_now
