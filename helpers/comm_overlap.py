@@ -102,7 +102,7 @@ def trace_spans(trace: Mapping[str, Any], names: Sequence[str]) -> dict[str, lis
     return found
 
 
-def rounding_bound(abs_sum: list[torch.Tensor], world: int) -> list[torch.Tensor]:
+def allreduce_rounding_bound(abs_sum: list[torch.Tensor], world: int) -> list[torch.Tensor]:
     """Per element, how far two orders of summing and averaging `world` gradients can differ in fp32 (chapter 8).
 
     Each way computes mean = sum of the ranks' g_r (divided before or after). Summing W terms

@@ -25,11 +25,23 @@ def load_script() -> ModuleType:
 
 
 def test_ch08_benchmark_prints_the_attention_part() -> None:
-    args = ["--device", "cpu", "--min-run-time", "0.02", "--lengths", "64", "128", "--threads", "1"]
+    args = [
+        "--device",
+        "cpu",
+        "--min-run-time",
+        "0.02",
+        "--lengths",
+        "64",
+        "128",
+        "--threads",
+        "1",
+        "--part",
+        "attention",
+    ]
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
-    assert f"torch {torch.__version__}" in out and "chapter 8 benchmark v1" in out
+    assert f"torch {torch.__version__}" in out and "chapter 8 benchmark v2" in out
     assert re.search(r"^4096\s+80\s+1\.016\s+0\.0127", out, re.M), out  # bytes are exact
     assert "CPU target: tiles at T = 4096 at most 1/8 of the written-out attention's bytes; 1.27% meets it" in out  # fmt: skip
     assert "correctness first" in out and "CHECK FAILED" not in out

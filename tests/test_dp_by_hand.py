@@ -172,9 +172,9 @@ def synthetic_result(world: int = 2, device: str = "cpu") -> dict:
     return {"world_size": world, "device": device, "ways": ways}
 
 
-def test_rounding_bound_follows_the_world_size() -> None:
+def test_allreduce_rounding_bound_follows_the_world_size() -> None:
     eps = torch.finfo(torch.float32).eps
-    (b,) = co.rounding_bound([torch.tensor([3.0])], 3)
+    (b,) = co.allreduce_rounding_bound([torch.tensor([3.0])], 3)
     assert b.item() == pytest.approx(4 * eps * 3.0 / 3)
 
 
@@ -227,9 +227,9 @@ def test_trace_overlap_reads_a_cpu_trace_and_a_gpu_trace(tmp_path: Path) -> None
 
 
 def load_benchmark():  # noqa: ANN201 - a module
-    """benchmarks/ch08_parallel.py as a module (benchmarks/ is not a package)."""
+    """benchmarks/ch08_build_it.py as a module (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location(
-        "ch08_parallel", ROOT / "benchmarks" / "ch08_parallel.py"
+        "ch08_build_it", ROOT / "benchmarks" / "ch08_build_it.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,11 +1,10 @@
 """Chapter 8's data-parallel checkers: the solutions pass, the untouched stubs are 'todo', and each
 typical wrong answer fails with its own hint.
 
-The solutions live in solutions/08_build_it_solutions.ipynb once chapter 8 is assembled; until
-then in the fragment fragments/solutions_ex3_4.ipynb, from which the exercise stubs are
-generated here with tools/make_exercises.py's own code. Each check runs the answer at world
-size 1 in this process, then on 3 launched gloo ranks (a few seconds each); wrong answers
-caught at world size 1 launch nothing.
+The solutions are read from solutions/08_build_it_solutions.ipynb, the untouched stubs from the
+generated exercises/08_build_it_exercises.ipynb. Each check runs the answer at world size 1 in
+this process, then on 3 launched gloo ranks (a few seconds each); wrong answers caught at world
+size 1 launch nothing.
 """
 
 from __future__ import annotations
@@ -23,32 +22,19 @@ import torch.nn.functional as F
 from helpers.checks import FAIL, PASS, TODO
 from helpers.checks import ch08_parallel as ch08p
 
-import make_exercises
 import nbfiles
 
-ROOT = Path(__file__).resolve().parent.parent
-MERGED = {"solutions": "solutions/08_build_it_solutions.ipynb"}
-MERGED["exercises"] = "exercises/08_build_it_exercises.ipynb"
-FRAGMENT = ROOT / "fragments" / "solutions_ex3_4.ipynb"
+NOTEBOOKS = {
+    "solutions": "solutions/08_build_it_solutions.ipynb",
+    "exercises": "exercises/08_build_it_exercises.ipynb",
+}
 NAMES = ("overlap_hooks", "zero1_step")
 
 
 @functools.cache
 def namespace(kind: str) -> dict:
     """The solutions ('solutions') or untouched stubs ('exercises') of exercises 3 and 4."""
-    merged = ROOT / MERGED[kind]
-    if merged.exists() and "zero1_step" in merged.read_text(encoding="utf-8"):
-        return nbfiles.exercise_namespace(MERGED[kind])
-    if not FRAGMENT.exists():
-        pytest.skip("neither the chapter 8 notebooks nor the fragment holds exercises 3-4")
-    ns: dict = {"__name__": f"exercise_{kind}"}
-    for cell in nbfiles.read(FRAGMENT).cells:
-        if cell.cell_type == "code" and "### BEGIN SOLUTION" in cell.source:
-            source = (
-                cell.source if kind == "solutions" else make_exercises.stub_code(cell.source, "")
-            )
-            exec(compile(source, FRAGMENT.name, "exec"), ns)
-    return ns
+    return nbfiles.exercise_namespace(NOTEBOOKS[kind])
 
 
 CHECKS = {"overlap_hooks": ch08p.check_overlap_hooks, "zero1_step": ch08p.check_zero1_step}

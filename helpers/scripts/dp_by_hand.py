@@ -40,11 +40,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
 from helpers.comm_overlap import (
+    allreduce_rounding_bound,
     hidden_communication,
     kernel_spans,
     labelled,
     plan_buckets,
-    rounding_bound,
 )
 from helpers.models import make_mlp
 from helpers.scripts.common import (
@@ -358,7 +358,7 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         for _ in range(args.warmup):
             train_step(r.net, r.averager, r.opt, *xy)
         runs[way] = r
-    bound = rounding_bound(abs_grad_sum(ctx, args, start, xy), ctx.world_size)
+    bound = allreduce_rounding_bound(abs_grad_sum(ctx, args, start, xy), ctx.world_size)
     for way, got in averaged.items():
         result["ways"][way] |= against_ddp(got, averaged["ddp"], bound)
     del averaged
