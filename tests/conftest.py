@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the suite leaves nothing in the system temp folder (tests/temp_guard.py)
+pytest_plugins = ("temp_guard",)
 
 
 @pytest.fixture(scope="session")
