@@ -80,6 +80,7 @@ def test_cpu_run_writes_one_report_and_fails_on_a_failing_test(
     assert status == 1, "a failing unit test must make the check fail"
     text = (out / "summary.md").read_text()
     assert text.startswith("# GPU check: no GPU")
+    assert re.search(r", commit [0-9a-f]{7,} \(tree [0-9a-f]{7,}\)", text), "commit and tree"
     assert "| torch | " + torch.__version__ in text
     assert re.search(r"\| tiny\.ipynb \| ok \| [\d.]+ \|", text), text
     assert "1 notebooks, 0 failed" in text
@@ -516,3 +517,18 @@ def test_the_machine_state_names_gpu_co_tenants_and_cpu_load(fake_gpu) -> None: 
     assert "| chapters | cuda:0: machine:" in table and "0.5 of 16 cores, over 60 s" in table
     assert "Timings of these stages ran on a busy machine: chapters (" in table
     assert "GPU shared with 1 other compute process(es)" in table.split("busy machine")[1]
+
+
+def test_each_reference_folder_says_what_it_holds_and_under_what_conditions() -> None:
+    folders = sorted(p for p in (ROOT / "reference").iterdir() if p.is_dir())
+    assert ROOT / "reference" / "nvidia-h100-80gb-hbm3" in folders
+    for folder in folders:
+        files = {p.name for p in folder.iterdir()}
+        if files == {"summary.md"}:  # a fresh gpu_check summary says it all itself
+            continue
+        readme = (folder / "README.md").read_text(encoding="utf-8")
+        named = set(re.findall(r"`([\w.-]+\.(?:md|log|txt))`", readme)) - {"summary.md"}
+        assert named <= files, f"{folder.name}/README.md names missing files: {named - files}"
+        assert files - {"README.md"} <= named, f"unexplained: {files - named - {'README.md'}}"
+        assert re.search(r"main at \*\*[0-9a-f]{7}\*\*", readme), "the commit it was measured at"
+        assert "shared GPU" in readme and "load average" in readme, "the conditions"

@@ -1273,14 +1273,20 @@ class Check:
 
 
 def git_commit() -> str:
-    """The checkout's commit, with '+ local changes' when the tree is dirty ('' without git)."""
+    """'abc1234 (tree def5678)', with '+ local changes' when the tree is dirty ('' without git).
+
+    The tree's hash depends only on the files: a copy of the checkout committed elsewhere (as
+    the device tool's copy on a lent GPU machine) has another commit but the same tree, and
+    `git rev-parse COMMIT^{tree}` here finds which commit that was.
+    """
     sha = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
     if not sha:
         return ""
+    tree = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD^{tree}"])
     dirty = command_output(
         ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]
     )
-    return sha + (" + local changes" if dirty else "")
+    return sha + (f" (tree {tree})" if tree else "") + (" + local changes" if dirty else "")
 
 
 def part_status(items: list[Item]) -> str:
@@ -1544,9 +1550,10 @@ def check_machine(args: argparse.Namespace, argv: list[str], out: Path, started_
         verdict = f"incomplete: {len(unfinished)} item(s) stopped or not run (see the summary)"
     print(f"\n{verdict}; report: {path}")
     if machine.get("gpus"):
+        folder = f"reference/{slug(machine)}"
         print(
-            f"to keep it as this GPU's reference: mkdir -p reference/{slug(machine)} && "
-            f"cp {path} reference/{slug(machine)}/summary.md"
+            f"to make it this GPU's reference (it replaces the older one): git rm -rq --ignore-unmatch "
+            f"{folder} && mkdir -p {folder} && cp {path} {folder}/summary.md"
         )
     if bad or check.stopped:
         return 1
