@@ -45,11 +45,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "saved": {v: os.environ.get(v) for v in _VARS},
         "tempdir": tempfile.tempdir,
         "left": [],
+        "seen": set(),
+        "by_test": {},  # entry -> the test after which it first appeared (without xdist)
     }
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)  # tmp_path where pytest keeps it
     for var in ("TMPDIR", "TMP", "TEMP"):
         os.environ[var] = str(private)
     tempfile.tempdir = str(private)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):  # noqa: ANN201 - a hook wrapper
+    """Note which test an entry appeared after (tests run in this process: no xdist)."""
+    yield
+    state = item.config.stash.get(_KEY, None)
+    if state is not None:
+        for name in set(leftovers(state["private"])) - state["seen"]:
+            state["by_test"][name] = item.nodeid
+            state["seen"].add(name)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -66,9 +79,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
     state = config.stash.get(_KEY, None)
     if state and state["left"]:
         terminalreporter.section("left in the temp folder", red=True)
+        found = [
+            name
+            + (f" (first seen after {state['by_test'][name]})" if name in state["by_test"] else "")
+            for name in state["left"]
+        ]
         terminalreporter.line(
-            f"The suite left {len(state['left'])} thing(s) in its temp folder (TMPDIR): "
-            f"{', '.join(state['left'])}. Whatever made them must remove them "
+            f"The suite left {len(found)} thing(s) in its temp folder (TMPDIR): "
+            f"{'; '.join(found)}. Whatever made them must remove them "
             "(tests/test_temp_files.py shows how the course's launcher does it)."
         )
 
