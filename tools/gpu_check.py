@@ -78,7 +78,7 @@ NEEDS = {
 }
 #: --quick: chapter 1 only, the device and timing tests, short benchmark settings.
 QUICK_NOTEBOOKS = ("notebooks/01_devices.ipynb",)
-QUICK_TESTS = ("tests/test_devices.py", "tests/test_timing.py", "tests/test_gpu_check.py")
+QUICK_TESTS = ("tests/test_devices.py", "tests/test_timing.py", "tests/test_machine_state.py")
 QUICK_BENCHMARK_ARGS: dict[str, list[str]] = {
     "ch01_matmul": ["--rounds", "1"],
     "ch02_training_loop": ["--rounds", "1", "--min-run-time", "0.1"],
@@ -1144,6 +1144,9 @@ class Check:
 
     def fits(self, item: Item) -> str:
         """'' if the item can finish before the deadline, else why it is not started."""
+        own = self.limit(item)
+        if not own.deadline and own.seconds < 1:
+            return f"{own.why} is used up"
         left = self.left()
         if left is None:
             return ""

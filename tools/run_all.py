@@ -152,10 +152,13 @@ class StopAwareLoop(asyncio.SelectorEventLoop):
     def add_signal_handler(self, sig: int, callback: object, *args: object) -> None:
         if signal.Signals(sig).name in STOP_SIGNALS:
             callback, args = self.on_stop, (sig,)
-        super().add_signal_handler(sig, callback, *args)
+        with contextlib.suppress(NotImplementedError):  # Windows: Ctrl-C raises, as usual
+            super().add_signal_handler(sig, callback, *args)
 
     def remove_signal_handler(self, sig: int) -> bool:
-        removed = super().remove_signal_handler(sig)
+        removed = False
+        with contextlib.suppress(NotImplementedError):
+            removed = super().remove_signal_handler(sig)
         if signal.Signals(sig).name in STOP_SIGNALS:
             signal.signal(sig, note_stop)
         return removed
