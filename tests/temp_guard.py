@@ -8,8 +8,13 @@ ranks, benchmarks. pytest's own `tmp_path` folders stay where pytest keeps them
 
 At the end of the session anything left in the private folder, except torch's compile cache
 (`torchinductor_<user>`: a cache meant to outlive a run, see tests/test_temp_files.py), fails
-the session with the list of what was left; then the folder is removed, so the system temp
-folder is left as it was found.
+the session with the list of what was left (and the test after which each first appeared);
+then the folder is removed, so the system temp folder is left as it was found.
+
+nbval kills each notebook's kernel with SIGKILL (`shutdown_kernel(now=True)`), so a kernel's
+atexit handlers never run there, as they do when JupyterLab or tools/run_all.py shut a kernel
+down (chapter 4's run folders are removed at exit). Here nbval shuts kernels down as
+JupyterLab does: a shutdown request, then a kill after a few seconds if the kernel hangs.
 """
 
 from __future__ import annotations
@@ -35,8 +40,21 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not ALLOWED.fullmatch(p.name))
 
 
+def _stop_gracefully(self) -> None:  # noqa: ANN001 - nbval.kernel.RunningKernel.stop
+    """Shut the kernel down as JupyterLab does, so that its atexit handlers run."""
+    self.kc.stop_channels()
+    self.km.shutdown_kernel(now=False)
+    del self.km
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller set it all up
+    try:
+        from nbval.kernel import RunningKernel
+    except ImportError:  # no nbval: no notebooks in this session
+        pass
+    else:
+        RunningKernel.stop = _stop_gracefully
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller set the folder up
         return
     system = tempfile.gettempdir()
     private = Path(tempfile.mkdtemp(prefix="course-tests-tmp-"))
