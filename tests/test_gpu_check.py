@@ -532,3 +532,18 @@ def test_each_reference_folder_says_what_it_holds_and_under_what_conditions() ->
         assert files - {"README.md"} <= named, f"unexplained: {files - named - {'README.md'}}"
         assert re.search(r"main at \*\*[0-9a-f]{7}\*\*", readme), "the commit it was measured at"
         assert "shared GPU" in readme and "load average" in readme, "the conditions"
+
+
+def test_an_error_of_gpu_check_outside_every_item_is_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_process_machine(monkeypatch)
+
+    def broken(self, stage, items):  # noqa: ANN001, ANN202
+        raise RuntimeError("the scheduler broke")
+
+    monkeypatch.setattr(gpu_check.Check, "run_stage", broken)
+    assert gpu_check.main(["--only", "tests", "--out", str(tmp_path)]) == 1
+    text = (tmp_path / "summary.md").read_text()
+    assert "**Result: FAILED.**" in text and "**gpu_check itself failed**" in text
+    assert 'raise RuntimeError("the scheduler broke")' in text

@@ -1386,7 +1386,7 @@ def summary(check: Check) -> str:
     not_run = [i for i in check.items if i.status in ("not run", "pending")]
     if check.running:
         state = f"still running ({check.running})"
-    elif failed:
+    elif failed or any("gpu_check itself failed" in n for n in check.notes):
         state = "FAILED"
     elif stopped or not_run or check.stopped:
         state = f"incomplete, {len(stopped)} item(s) stopped, {len(not_run)} not run"
@@ -1542,11 +1542,19 @@ def check_machine(args: argparse.Namespace, argv: list[str], out: Path, started_
     check.items = plan(args, machine)
     if args.resume:
         check.notes.append(carry_over(check.items, Path(args.resume).resolve()))
+    broke = ""
     try:
         check.run()
+    except Exception:  # noqa: BLE001 - gpu_check itself broke: the report says where
+        broke = traceback.format_exc()
+        print(broke, file=sys.stderr, flush=True)
+        check.notes += ["**gpu_check itself failed** (not a notebook, test or benchmark):", ""]
+        check.notes += [fenced(broke.rstrip("\n"))]
     finally:
         path = check.save()
-    bad = [p.name for p in parts_of(check) if p.status == "FAILED"]
+    bad = [p.name for p in parts_of(check) if p.status == "FAILED"] + (
+        ["gpu_check"] if broke else []
+    )
     unfinished = [i for i in check.items if i.status in ("not run", "STOPPED")]
     verdict = "FAILED: " + ", ".join(bad) if bad else "all passed"
     if not bad and unfinished:
@@ -1558,7 +1566,7 @@ def check_machine(args: argparse.Namespace, argv: list[str], out: Path, started_
             f"to make it this GPU's reference (it replaces the older one): git rm -rq --ignore-unmatch "
             f"{folder} && mkdir -p {folder} && cp {path} {folder}/summary.md"
         )
-    if bad or check.stopped:
+    if bad or check.stopped or broke:
         return 1
     return 3 if unfinished else 0
 
