@@ -9,6 +9,8 @@
 #                        own packages; one report in gpu-check/summary.md
 #   make test-torch-newest / test-torch-oldest   every notebook with the newest torch release
 #                        and with the oldest one requirements.txt allows (CI runs both)
+#   make set-repo REPO=https://github.com/ORG/NAME BRANCH=main   teach from your fork: every
+#                        Colab badge, setup cell and link points at it (tools/set_repo.py)
 #
 # Which torch gets installed:
 #   make lab                 -> torch from PyPI within requirements.txt's range: a CUDA build on
@@ -54,6 +56,9 @@ NEWEST_PIP_ENV ?= PIP_CONFIG_FILE=/dev/null
 LANE_ARGS ?= --all --no-html --timeout 600
 # gpu-check runs with $(PYTHON)'s own environment: no venv, nothing downloaded.
 GPU_CHECK_ARGS ?=
+# set-repo: the fork to point the course at, and its branch (empty: keep the current branch).
+REPO ?=
+BRANCH ?=
 
 index_flag = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # Jupyter refuses to run as root (containers, cloud boxes) unless told it may.
@@ -62,7 +67,7 @@ NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
 .PHONY: help lab test test-widgets7 browser-test instructor lint format notebooks-clean \
-	exercises unit notebooks-test clean gpu-check test-torch-newest test-torch-oldest
+	exercises unit notebooks-test clean gpu-check test-torch-newest test-torch-oldest set-repo
 
 help: ## list the commands
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 20
@@ -146,6 +151,11 @@ test-torch-oldest: $(OLDEST_VENV)/.installed ## every notebook with the oldest t
 
 gpu-check: ## notebooks, unit tests, benchmarks, NCCL with python3's own packages (PYTHON=...): gpu-check/summary.md
 	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+set-repo: ## teach from your fork: make set-repo REPO=https://github.com/ORG/NAME BRANCH=main
+	@test -n "$(REPO)" || { echo "usage: make set-repo REPO=https://github.com/ORG/NAME [BRANCH=main]"; \
+		echo "now: $$($(PYTHON) tools/set_repo.py --check | tail -1)"; exit 2; }
+	$(PYTHON) tools/set_repo.py "$(REPO)" $(if $(BRANCH),--branch "$(BRANCH)",)
 
 lint: ## ruff on helpers, tests, tools, benchmarks and notebooks
 	$(VENV)/bin/ruff check $(LINT_DIRS)

@@ -165,6 +165,9 @@ def torchrun_command(
     ranks = [f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}"]
     if rdzv_dir is not None:  # one machine: the store is a file, the agent binds to loopback
         ranks += ["--rdzv-conf=store_type=file", "--local-addr=127.0.0.1"]
+        # torchrun's per-rank error files, which it would put in a torchelastic_* folder of
+        # the system temp folder and leave there, go to the launch's own folder instead
+        ranks += [f"--log-dir={Path(rdzv_dir) / 'torchrun_logs'}"]
     tail = [f"--rdzv-id={rdzv_id or uuid.uuid4().hex[:12]}", f"--max-restarts={max_restarts}"]
     return [*head, *ranks, *tail, str(script), *[str(a) for a in args]]
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the suite leaves nothing in the system temp folder (tests/temp_guard.py)
+pytest_plugins = ("temp_guard",)
 
 # Chapter 8's Triton kernel: without a GPU, Triton can only run kernels in its interpreter,
 # which must be chosen before anything imports triton (it wraps its own library functions

@@ -24,7 +24,8 @@ import nbfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-REPO_URL = PYPROJECT["project"]["urls"]["Repository"]
+REPO_URL = PYPROJECT["tool"]["course"]["repository"]  # the one source (tools/set_repo.py)
+BRANCH = PYPROJECT["tool"]["course"]["branch"]
 GITHUB_PATH = REPO_URL.removeprefix("https://github.com/")
 NOTEBOOKS = nbfiles.all_notebooks()
 HELPERS = sorted((ROOT / "helpers").rglob("*.py"))
@@ -218,7 +219,7 @@ def test_readme_badges_point_at_the_notebook_next_to_them() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(rows) == text.count("colab-badge.svg"), "a README badge is not next to its link"
     for link, badge in rows:
-        assert badge == f"{GITHUB_PATH}/blob/main/{link}", (
+        assert badge == f"{GITHUB_PATH}/blob/{BRANCH}/{link}", (
             f"README: the badge next to {link} points at {badge}"
         )
         assert (ROOT / link).exists(), f"README links {link}, which does not exist"

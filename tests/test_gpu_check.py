@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import gpu_check
 import nbformat
+import psutil
 import pytest
 import torch
 
@@ -75,6 +80,7 @@ def test_cpu_run_writes_one_report_and_fails_on_a_failing_test(
     assert status == 1, "a failing unit test must make the check fail"
     text = (out / "summary.md").read_text()
     assert text.startswith("# GPU check: no GPU")
+    assert re.search(r", commit [0-9a-f]{7,} \(tree [0-9a-f]{7,}\)", text), "commit and tree"
     assert "| torch | " + torch.__version__ in text
     assert re.search(r"\| tiny\.ipynb \| ok \| [\d.]+ \|", text), text
     assert "1 notebooks, 0 failed" in text
@@ -90,13 +96,22 @@ def test_cpu_run_writes_one_report_and_fails_on_a_failing_test(
     assert "skipped: no GPU" in printed and "FAILED: tests" in printed
 
 
+def run_part(part: str, out: Path, argv: list[str], machine: dict) -> gpu_check.Part:
+    """One part of gpu_check, as main runs it (its machine-state readings included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = gpu_check.parse_args(["--only", part, *argv])
+    check = gpu_check.Check(args, out, machine, argv)
+    check.items = gpu_check.plan(args, machine)
+    check.run()
+    (found,) = gpu_check.parts_of(check)
+    return found
+
+
 def test_a_hung_benchmark_is_stopped_and_reported(tmp_path: Path) -> None:
     hung = fake_benchmark(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     broken = fake_benchmark(tmp_path, "raise SystemExit('no device')\n", "bench_broken.py")
-    args = gpu_check.parse_args(
-        ["--benchmarks", str(hung), str(broken), "--benchmark-timeout", "2"]
-    )
-    part = gpu_check.run_benchmarks(tmp_path, args)
+    argv = ["--benchmarks", str(hung), str(broken), "--benchmark-timeout", "2"]
+    part = run_part("benchmarks", tmp_path, argv, {"gpu_count": 0})
     assert part.status == "FAILED"
     assert "bench_fake.py: FAILED (timed out after 2 s)" in part.problems
     assert "bench_broken.py: FAILED (exit code 1)" in part.problems
@@ -236,7 +251,7 @@ def test_one_fake_gpu_reports_a_failed_launch_and_wrong_results(
     assert machine["gpu_count"] == 1 and machine["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
     launcher = FakeLauncher(fail="fsdp_vs_ddp", wrong="ddp_train")
     monkeypatch.setattr(torchrun, "launch", launcher)
-    part = gpu_check.run_nccl(tmp_path, gpu_check.parse_args([]), machine)
+    part = run_part("nccl", tmp_path, [], machine)
     assert [c[1] for c in launcher.calls] == [1, 1, 1], "one GPU: world size 1 only"
     assert part.status == "FAILED"
     assert any("parameters differ between ranks" in p for p in part.problems)
@@ -254,8 +269,9 @@ def test_amd_and_apple_machines_are_described(fake_gpu) -> None:  # noqa: ANN001
     fake_gpu("mps")
     mac = gpu_check.probe_machine()
     assert mac["gpu_count"] == 0 and gpu_check.gpu_summary(mac) == "no GPU (Apple MPS available)"
-    part = gpu_check.run_nccl(Path("unused"), argparse.Namespace(), mac)
-    assert part.status == "skipped" and "no GPU" in part.markdown
+    (item,) = gpu_check.plan(gpu_check.parse_args(["--only", "nccl"]), mac)
+    assert item.status == "skipped" and "no GPU" in item.detail
+    assert gpu_check.state_devices(mac) == ["mps"]
 
 
 def test_the_real_probe_runs_in_a_subprocess() -> None:
@@ -272,3 +288,262 @@ def test_manual_allreduce_results_are_checked() -> None:
     wrong = gpu_check.check_results("manual_allreduce", good)
     assert "rank 1: averaged gradients differ from rank 0's" in wrong
     assert "rank 0: the sum is not world size x the average" in wrong
+
+
+# -- a check that fits a short lease (--deadline, --resume) ---------------------------------
+
+
+class VirtualRun:
+    """Runs items instantly on a virtual clock: each takes `pace` x its estimate."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, pace: float = 1.0) -> None:
+        self.now, self.pace, self.ran = 0.0, pace, []
+        monkeypatch.setattr(gpu_check.Check, "elapsed", lambda check: self.now)
+        monkeypatch.setattr(gpu_check, "read_state", self.state)
+        for stage in gpu_check.STAGES:
+            monkeypatch.setitem(gpu_check.RUNNERS, stage, self.run)
+
+    def state(self, machine: dict, timeout: float = 0) -> dict:
+        return {"text": f"state at {self.now:.0f} s", "quiet": True, "caveat": ""}
+
+    def run(self, item, out, args, limit) -> None:  # noqa: ANN001
+        assert item.estimate * self.pace <= limit.seconds or not args.deadline, (
+            f"{item.name} was started with {limit.seconds:.0f} s left"
+        )
+        self.ran.append((item.stage, item.name, limit.seconds))
+        item.seconds = item.estimate * self.pace
+        self.now += item.seconds
+        item.status = "ok"
+
+
+def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    run = VirtualRun(monkeypatch)
+    in_process_machine(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "a"
+    assert gpu_check.main(["--deadline", "540", "--out", str(out)]) == 3, "incomplete: exit 3"
+    stages = [stage for stage, _, _ in run.ran]
+    order = list(gpu_check.STAGES)
+    assert stages == sorted(stages, key=order.index), "chapters, benchmarks, ..., in that order"
+    chapters = sorted(
+        p.relative_to(ROOT).as_posix() for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")
+    )
+    assert [n for s, n, _ in run.ran if s == "chapters"] == chapters, "every chapter first"
+    assert run.now <= 540 - gpu_check.STOP_GRACE_S - gpu_check.FINISH_RESERVE_S
+    text = (out / "summary.md").read_text()
+    assert "**Result: incomplete" in text and "## Not run" in text
+    section = text.split("## Not run")[1].split("\n## ")[0]
+    not_run = [line for line in section.splitlines() if line.startswith("- ")]
+    everything = gpu_check.plan(gpu_check.parse_args([]), {"gpu_count": 0})
+    assert len(not_run) == len(everything) - 1 - len(run.ran), (
+        "the rest, each with why (nccl skipped)"
+    )
+    assert all("before the 540 s deadline" in line for line in not_run)
+    assert "| chapters | state at 0 s | state at 498 s |" in text, "the machine before and after"
+    assert "--resume" in text
+    # the second call: what the first did not run, and one report of both
+    first = list(run.ran)
+    run.now, run.ran = 0.0, []
+    b = tmp_path / "b"
+    code = gpu_check.main(["--deadline", "540", "--resume", str(out), "--out", str(b)])
+    assert not {n for _, n, _ in first} & {n for _, n, _ in run.ran}, "nothing runs twice"
+    assert run.ran[0][0] == "benchmarks", "it goes on where the first call stopped"
+    text = (b / "summary.md").read_text()
+    assert f"Resumed from `{out}`" in text or "Resumed from" in text
+    assert text.count("(earlier run, ") >= len(first)
+    run.now, run.ran = 0.0, []
+    c = tmp_path / "c"
+    assert gpu_check.main(["--deadline", "540", "--resume", str(b), "--out", str(c)]) in (0, 3)
+    done = json.loads((c / "progress.json").read_text())["items"]
+    assert code == 3 and all(i["status"] in ("ok", "skipped") for i in done), (
+        "three 9-minute calls cover the whole check when every item takes its expected time"
+    )
+    capsys.readouterr()
+
+
+def test_the_pace_so_far_scales_the_estimates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = VirtualRun(monkeypatch, pace=2.0)
+    in_process_machine(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu_check.main(["--only", "notebooks", "--deadline", "540", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "progress.json").read_text())["items"]
+    ran = [i for i in data if i["status"] == "ok"]
+    expected = sum(i["estimate"] for i in ran)
+    assert sum(i["seconds"] for i in ran) == pytest.approx(2 * expected)
+    assert slow.now <= 540 - gpu_check.STOP_GRACE_S - gpu_check.FINISH_RESERVE_S
+    skipped = [i for i in data if i["status"] == "not run"]
+    assert skipped, "at twice the expected times, the notebooks do not all fit in 540 s"
+    pace = float(re.search(r"x ([\d.]+), the pace so far", skipped[0]["detail"])[1])
+    assert 1.5 < pace < 2, "twice as slow, damped by the prior"
+
+
+def test_resume_needs_an_earlier_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    in_process_machine(monkeypatch)
+    with pytest.raises(SystemExit, match="progress.json"):
+        gpu_check.main(
+            ["--only", "tests", "--resume", str(tmp_path / "nope"), "--out", str(tmp_path)]
+        )
+
+
+def test_the_deadline_stops_an_item_that_overruns_and_finishes_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(gpu_check.DEFAULT_S, "benchmarks", 1.0)  # a wrong estimate
+    hung = fake_benchmark(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    after = fake_benchmark(tmp_path, "print('after')\n", "bench_after.py")
+    deadline = gpu_check.STOP_GRACE_S + gpu_check.FINISH_RESERVE_S + 12
+    out = tmp_path / "out"
+    start = time.monotonic()
+    argv = [
+        "--only",
+        "benchmarks",
+        "--benchmarks",
+        str(hung),
+        str(after),
+        "--deadline",
+        str(deadline),
+    ]
+    assert gpu_check.main([*argv, "--out", str(out)]) == 3
+    assert time.monotonic() - start < deadline, "the whole check ends before its deadline"
+    data = {i["name"]: i for i in json.loads((out / "progress.json").read_text())["items"]}
+    hung_item = data[hung.name]
+    assert (
+        hung_item["status"] == "STOPPED"
+        and f"the --deadline of {deadline:g} s" in hung_item["detail"]
+    )
+    assert data[after.name]["status"] == "not run"
+    text = (out / "summary.md").read_text()
+    assert "started" in text and "**Result: incomplete, 1 item(s) stopped, 1 not run.**" in text
+
+
+def test_a_notebook_stopped_by_the_timeout_says_so_not_assertionerror(tmp_path: Path) -> None:
+    # The H100 run of 2026-11-26: exercise 6 "failed" with a bare AssertionError when the
+    # exercises' --notebooks-timeout ran out mid-cell (nbclient's SIGTERM handler).
+    slow = tmp_path / "slow.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+    }
+    nb.cells = [
+        nbformat.v4.new_code_cell("print('one')"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(120)"),
+    ]
+    nbformat.write(nb, slow)
+    after = tiny_notebook(tmp_path)
+    argv = ["--notebooks", str(slow), str(after), "--notebooks-timeout", "15"]
+    start = time.monotonic()
+    part = run_part("notebooks", tmp_path / "out", argv, {"gpu_count": 0})
+    assert time.monotonic() - start < 15 + gpu_check.STOP_GRACE_S + 2 * gpu_check.STATE_TIMEOUT_S
+    assert part.status == "FAILED" or part.status == "incomplete"
+    text = part.markdown
+    assert (
+        "| slow.ipynb | STOPPED: stopped by SIGTERM (deadline/timeout) in cell 1 (--notebooks-timeout) |"
+        in text
+    )
+    assert "| tiny.ipynb | not run" in text or "| tiny.ipynb | FAILED" not in text
+    assert "AssertionError" not in text
+    executed = nbformat.read(tmp_path / "out" / "notebooks" / "slow.ipynb", as_version=4)
+    assert executed.cells[0].outputs, "the stopped notebook's executed copy is kept"
+
+
+def test_gpu_check_stopped_by_sigterm_writes_its_report_and_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    hung = fake_benchmark(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--only", "benchmarks"]
+    proc = subprocess.Popen(
+        [*command, "--benchmarks", str(hung), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    log = out / "benchmarks" / "bench_fake.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "started" not in (
+        log.read_text() if log.exists() else ""
+    ):
+        time.sleep(0.2)
+    bench = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "bench_fake" in " ".join(p.cmdline())
+    ]
+    proc.send_signal(signal.SIGTERM)  # gpu_check alone, as an outer `timeout` does
+    assert proc.wait(timeout=60) == 1
+    assert bench and not [p for p in bench if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    text = (out / "summary.md").read_text()
+    assert "- gpu_check was stopped by SIGTERM" in text
+    assert "bench_fake.py: STOPPED: gpu_check was stopped by SIGTERM" in text
+
+
+def test_an_error_in_gpu_check_itself_comes_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_process_machine(monkeypatch)
+    monkeypatch.setattr(
+        gpu_check, "read_state", lambda machine, timeout=0: {"text": "-", "quiet": None}
+    )
+
+    def broken(item, out, args, limit):  # noqa: ANN001, ANN202
+        raise KeyError("no such field in the report")
+
+    monkeypatch.setitem(gpu_check.RUNNERS, "benchmarks", broken)
+    bench = fake_benchmark(tmp_path, "print('x')\n")
+    assert (
+        gpu_check.main(["--only", "benchmarks", "--benchmarks", str(bench), "--out", str(tmp_path)])
+        == 1
+    )
+    text = (tmp_path / "summary.md").read_text()
+    assert "KeyError in gpu_check, not in the benchmarks: 'no such field in the report'" in text
+    assert "Traceback of bench_fake.py (not a cell's or a test's error):" in text
+    assert 'raise KeyError("no such field in the report")' in text
+
+
+def test_the_machine_state_names_gpu_co_tenants_and_cpu_load(fake_gpu) -> None:  # noqa: ANN001
+    gpu = fake_gpu("h100_sxm", count=2)
+    gpu.nvml.processes = {1: [(4242, 2 * 2**30)]}
+    reading = gpu_check.state_reading(["cuda:0", "cuda:1"])
+    assert reading["quiet"] is False
+    assert "cuda:0: machine:" in reading["text"] and "cuda:1: machine: BUSY" in reading["text"]
+    assert "GPU shared with 1 other compute process(es), holding 2.00 GiB" in reading["caveat"]
+    assert "torch" in reading["text"] and "thread" in reading["text"]
+    state = gpu_check.StageState("chapters", reading, reading, others_cores=0.5, seconds=60)
+    table = gpu_check.states_markdown([state], 16)
+    assert "| chapters | cuda:0: machine:" in table and "0.5 of 16 cores, over 60 s" in table
+    assert "Timings of these stages ran on a busy machine: chapters (" in table
+    assert "GPU shared with 1 other compute process(es)" in table.split("busy machine")[1]
+
+
+def test_each_reference_folder_says_what_it_holds_and_under_what_conditions() -> None:
+    folders = sorted(p for p in (ROOT / "reference").iterdir() if p.is_dir())
+    assert ROOT / "reference" / "nvidia-h100-80gb-hbm3" in folders
+    for folder in folders:
+        files = {p.name for p in folder.iterdir()}
+        if files == {"summary.md"}:  # a fresh gpu_check summary says it all itself
+            continue
+        readme = (folder / "README.md").read_text(encoding="utf-8")
+        named = set(re.findall(r"`([\w.-]+\.(?:md|log|txt))`", readme)) - {"summary.md"}
+        assert named <= files, f"{folder.name}/README.md names missing files: {named - files}"
+        assert files - {"README.md"} <= named, f"unexplained: {files - named - {'README.md'}}"
+        assert re.search(r"main at \*\*[0-9a-f]{7}\*\*", readme), "the commit it was measured at"
+        assert "shared GPU" in readme and "load average" in readme, "the conditions"
+
+
+def test_an_error_of_gpu_check_outside_every_item_is_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_process_machine(monkeypatch)
+
+    def broken(self, stage, items):  # noqa: ANN001, ANN202
+        raise RuntimeError("the scheduler broke")
+
+    monkeypatch.setattr(gpu_check.Check, "run_stage", broken)
+    assert gpu_check.main(["--only", "tests", "--out", str(tmp_path)]) == 1
+    text = (tmp_path / "summary.md").read_text()
+    assert "**Result: FAILED.**" in text and "**gpu_check itself failed**" in text
+    assert 'raise RuntimeError("the scheduler broke")' in text

@@ -17,7 +17,8 @@ import pytest
 import nbfiles
 
 ROOT = Path(__file__).resolve().parent.parent
-REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+COURSE = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["course"]  # set_repo.py
+REPO_URL, BRANCH = COURSE["repository"], COURSE["branch"]
 GITHUB_PATH = REPO_URL.removeprefix("https://github.com/")
 TEMPLATE = ROOT / "templates" / "chapter_template.ipynb"
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -73,7 +74,7 @@ def test_title_and_badge_point_at_own_path(path: Path) -> None:
         "first cell must be the title"
     )
     rel = path.relative_to(ROOT).as_posix()
-    badge = f"https://colab.research.google.com/github/{GITHUB_PATH}/blob/main/{rel}"
+    badge = f"https://colab.research.google.com/github/{GITHUB_PATH}/blob/{BRANCH}/{rel}"
     assert badge in first.source, f"{path.name}: the Colab badge must link to {badge}"
     others = re.findall(r"colab\.research\.google\.com/github/[^)\s]+", first.source)
     assert all(o.endswith(rel) for o in others), f"{path.name}: a badge points elsewhere: {others}"
@@ -85,8 +86,8 @@ def test_setup_cell_is_the_template_one(path: Path) -> None:
     assert cells and cells[0] == setup_cell(), (
         f"{path.name}: the first code cell must be the template's setup cell"
     )
-    assert f'COURSE_REPO = "{REPO_URL}"' in setup_cell(), (
-        "the setup cell's URL must be pyproject's Repository URL"
+    assert f'COURSE_REPO = "{REPO_URL}"\nCOURSE_BRANCH = "{BRANCH}"' in setup_cell(), (
+        "the setup cell's URL and branch must be pyproject's [tool.course]"
     )
 
 
