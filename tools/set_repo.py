@@ -367,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
             f"({source.url}, branch {source.branch}):"
         )
         print("\n".join(f"  {w}" for w in wrong))
+        if any("the setup cell has no" in w for w in wrong):
+            print(
+                "fix: copy the setup cell of templates/chapter_template.ipynb into those "
+                "notebooks, then:"
+            )
         print("fix: python tools/set_repo.py " + source.url + f" --branch {source.branch}")
         return 1
     print(f"every badge, setup cell and link points at {source.url}, branch {source.branch}")
