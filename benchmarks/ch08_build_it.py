@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 from functools import partial
 from typing import Any
 
@@ -160,8 +161,12 @@ def launch_parts(args: argparse.Namespace, backend: str, nproc: int) -> tuple[di
         ("dp_by_hand", ["--out", dp_dir, *as_flags(size)]),
         ("zero1_by_hand", ["--out", zero_dir]),
     ]
-    launch("one_launch", nproc, one_launch_args(jobs), backend=backend, echo=False, timeout=900)
-    return read_results(dp_dir, nproc)[0], read_results(zero_dir, nproc)
+    try:
+        launch("one_launch", nproc, one_launch_args(jobs), backend=backend, echo=False, timeout=900)
+        return read_results(dp_dir, nproc)[0], read_results(zero_dir, nproc)
+    finally:  # results read: leave nothing in the temp folder
+        for folder in (dp_dir, zero_dir):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def target_lines(rows: list[dict], state: Any, nproc: int, backend: str) -> list[str]:

@@ -135,6 +135,14 @@ def _interpreter_fails() -> str:
     return "" if torch.allclose(out, want, atol=1e-5) else "its output differs from flash_forward's"
 
 
+def _has_interpreter() -> bool:
+    """Whether this Triton ships its interpreter (TRITON_INTERPRET), False without triton (chapter 8)."""
+    try:
+        return importlib.util.find_spec("triton.runtime.interpreter") is not None
+    except ModuleNotFoundError:  # no triton at all (a stand-in module in tests)
+        return False
+
+
 def triton_status(device: str | torch.device) -> TritonStatus:
     """Can the kernel run for `device` here: compiled on a CUDA/ROCm GPU, interpreted on the CPU? (chapter 8)."""
     device = torch.device(device)
@@ -149,7 +157,7 @@ def triton_status(device: str | torch.device) -> TritonStatus:
         return TritonStatus(True, "interpreter", f"{where}: TRITON_INTERPRET=1, so Triton's interpreter runs the kernel on CPU tensors, in numpy (slow, for checking)", version)  # fmt: skip
     if device.type == "cuda":
         return TritonStatus(True, "compiled", f"compiled for {torch.cuda.get_device_name(device)}", version)  # fmt: skip
-    if importlib.util.find_spec("triton.runtime.interpreter") is None:
+    if not _has_interpreter():
         return TritonStatus(False, "unavailable", "this Triton has no interpreter (TRITON_INTERPRET)", version)  # fmt: skip
     return TritonStatus(False, "unavailable", "triton was imported without TRITON_INTERPRET=1, so it compiles for GPUs, and there is none for this device. Set it before anything imports triton (restart the kernel, then run the chapter from the top)", version)  # fmt: skip
 

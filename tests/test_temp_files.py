@@ -106,6 +106,7 @@ CLEANED_UP = {
     "helpers/launch.py": "the rendezvous folder: shutil.rmtree in launch()'s finally; run "
     "folders: atexit, and new_run_dir() removes this user's that are over a day old",
     "helpers/checks/ch04.py": "shutil.rmtree in run_in_process()'s finally",
+    "helpers/checks/ch08_parallel.py": "shutil.rmtree in run_at_world_one()'s finally",
 }
 MAKES_TEMP = re.compile(r"tempfile\.(gettempdir|mkdtemp|mkstemp|NamedTemporaryFile|mktemp)\b")
 

@@ -31,7 +31,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from helpers.comm_overlap import shard_bounds
 from helpers.models import make_mlp
 from helpers.scripts.common import Context, exit_now, log, parser, setup, teardown, write_result
-from helpers.scripts.fsdp_vs_ddp import fsdp_skip_reason, fully_shard
+from helpers.scripts.fsdp_vs_ddp import fsdp_skip_reason
+
+try:  # torch >= 2.6
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch 2.5 has FSDP2 under its early name
+    from torch.distributed._composable.fsdp import fully_shard
 
 
 class ParamMeter:
