@@ -539,6 +539,22 @@ def test_side_rows_and_measured_references() -> None:
     assert removed.kept.startswith("sdpa stays: 1.25x")
 
 
+def test_a_side_row_or_a_switch_that_fails_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    def measure(trainer: Trainer) -> LeverRow:
+        if trainer.levers.resident:
+            raise RuntimeError("out of memory")
+        return scripted_measure(trainer)
+
+    search = LeverSearch(make_trainer, measure)
+    search.try_lever("sdpa")
+    assert search.side_row(Levers(resident=True, sdpa=True), search.best) == (
+        None,
+        "RuntimeError: out of memory",
+    )
+    assert search.ablate(("resident",)) is True
+    assert "  resident + sdpa: failed here: RuntimeError: out of memory" in capsys.readouterr().out
+
+
 def test_the_final_verdict_when_nothing_helped() -> None:
     search = LeverSearch(make_trainer, scripted_measure)
     assert search.final_verdict() == (
