@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -70,6 +71,7 @@ from helpers.capstone import (
     LeverSearch,
     Trainer,
     capstone_sizes,
+    compile_cache_state,
     lever_available,
     math_change,
     measure_trainer,
@@ -78,7 +80,7 @@ from helpers.capstone import (
     run_or_reason,
     use_fresh_compile_cache,
 )
-from helpers.devices import cpu_name, describe_device, pick_device
+from helpers.devices import cpu_name, describe_device, pick_device, synchronize
 from helpers.fp8 import fp8_peak
 from helpers.gpt import GPTConfig, flops_per_token, non_embedding_params, text_bytes
 from helpers.machine_state import MachineState, machine_state, merge_states
@@ -135,15 +137,41 @@ def check_same_math(
             checks.append(SameMath(name, [], None, f"skipped: {leave_out.get(name) or why}"))
             continue
         levers = Levers().plus(name)
-        got, failure = run_or_reason(lambda levers=levers: setup.trainer(levers).losses(steps))
+        got, failure = run_or_reason(
+            lambda levers=levers: train_timed(setup.trainer(levers), steps)
+        )
         if got is None:
             checks.append(SameMath(name, [], None, f"failed: {failure}"))
             continue
+        got, first_s, cache = got
+        if cache:
+            print(
+                f"{name}: its first interval, compiling, took {first_s:.1f} s with a {cache} cache"
+            )
         change = math_change(name, levers)
         checks.append(
             same_math(f"{name} vs baseline", got, losses, None if change else floor, change)
         )
     return checks
+
+
+def train_timed(trainer: Trainer, steps: int) -> tuple[list[float], float, str]:
+    """(the first `steps` losses, seconds of the first interval, the compile cache's state before it or '')."""
+    compiled = trainer.levers.compile or trainer.levers.graphs
+    cache = compile_cache_state() if compiled else ""
+    synchronize(trainer.device)
+    start = time.perf_counter()
+    losses = trainer.run()
+    first_s = time.perf_counter() - start
+    return losses + trainer.losses(max(0, steps - len(losses))), first_s, cache
+
+
+def spread(times: list[float]) -> float:
+    """The interquartile range of a few per-round timings (0 for one round)."""
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q3 - q1
 
 
 def peaks(device: torch.device) -> tuple[Peak | None, Peak]:
@@ -318,15 +346,19 @@ def main(argv: list[str] | None = None) -> int:
 
     compiled = [r for r in search.rows + search.ablation if r.compile_cache]
     if compiled:
-        first = compiled[0]
-        warm = [r.first_s for r in compiled[1:] if r.compile_cache == "warm"]
-        more = (
-            f"; later compiled rows, warm cache: {min(warm):.1f}-{max(warm):.1f} s" if warm else ""
-        )
+        times = {
+            state: [r.first_s for r in compiled if r.compile_cache == state]
+            for state in ("cold", "warm")
+        }
+        said = [
+            f"{state} cache: {min(t):.1f}-{max(t):.1f} s over {len(t)} compiled row(s)"
+            for state, t in times.items()
+            if t
+        ]
         print(
-            f"\ncompile time: the first interval of {first.label!r} took {first.first_s:.1f} s "
-            f"with a {first.compile_cache} cache{more} (the baseline's took "
-            f"{search.baseline.first_s:.2f} s)"
+            f"\ncompile time (the first interval of each compiled row): {'; '.join(said)} (the "
+            f"baseline's first interval took {search.baseline.first_s:.2f} s; a cold compile, if "
+            "any, is printed in the same-math table above)"
         )
     else:
         print("\ncompile time: n/a, compile was not measured here")
@@ -345,12 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(times)
         rate = tokens_per_step / median * fpt
         mfus[label] = rate / datasheet.flops if datasheet else None
-        spread = (max(times) - min(times)) if len(times) > 1 else 0.0
         rows.append(
             {
                 "configuration": label,
                 "step_s": median,
-                "iqr_s": spread,
+                "iqr_s": spread(times),
                 "step ms (median)": f"{1e3 * median:.2f}",
                 "step ms (best round)": f"{1e3 * min(times):.2f}",
                 "tokens/s (median)": f"{tokens_per_step / median:,.0f}",
@@ -365,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = compare_rows(
         rows, "configuration", "final", "baseline", "step_s", iqr="iqr_s", machine=state
     )
-    print(f"verdict (the rows above, spread = range over rounds): {verdict}")
+    print(f"verdict (the rows above, spread = IQR over rounds): {verdict}")
     ratio = statistics.median(ratios)
     print(
         f"per-round ratios (baseline step / final step): {', '.join(f'{r:.2f}x' for r in ratios)}"

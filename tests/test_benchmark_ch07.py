@@ -149,3 +149,24 @@ def test_a_lever_that_raises_is_dropped_with_the_reason(
     trainers = [search.trainers[Levers()], search.trainers[search.current]]
     (base_s, final_s), states = bench.interleaved(trainers, 2, 0.01)
     assert len(base_s) == len(final_s) == 2 and min(base_s + final_s) > 0 and states
+
+
+def test_spread_is_the_iqr_over_rounds() -> None:
+    bench = load_script()
+    assert bench.spread([1.0]) == 0.0
+    assert bench.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0)
+
+
+def test_a_compiled_levers_first_interval_is_timed_with_its_cache_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cold compile of the same-math table is printed there (AUDIT finding 20)."""
+    bench = load_script()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # empty: cold
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # no real compile in a test
+    checks = bench.check_same_math(tiny_setup(bench), ("compile",), steps=4)
+    assert checks[0].checked and checks[0].passed
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^compile: its first interval, compiling, took \d+\.\d s with a cold cache$", out, re.M
+    )
