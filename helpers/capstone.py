@@ -760,6 +760,20 @@ class LeverSearch:
         print(f"ablation: stopped after {max_passes} passes, still changing")
         return False
 
+    def not_shown_to_help(self) -> list[str]:
+        """Levers the last ablation pass switched on from the final configuration without beating it (chapter 7)."""
+        last = [i for i, r in enumerate(self.ablation) if r.parent is None]
+        if not last:
+            return []
+        rows = self.ablation[last[-1] + 1 :]
+        return [
+            changed_lever(r.levers, r.parent)
+            for r in rows
+            if r.parent == self.current
+            and not r.kept.startswith("kept")
+            and getattr(r.levers, changed_lever(r.levers, r.parent))
+        ]
+
     def ablation_table(self) -> list[dict[str, Any]]:
         """The ablation's rows for print_table: each configuration, its change, its verdict (chapter 7)."""
         out = []
