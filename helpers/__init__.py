@@ -63,7 +63,11 @@ Chapter 6, profiling
 
 Chapter 7, capstone
 - ``helpers.gpt``: a small GPT (decoder-only transformer) and the text it trains on
-- ``helpers.capstone``: the levers switched on one at a time, measured into one table
+- ``helpers.capstone``: the training regime, the levers switched on one at a time and then
+  ablated from the final configuration, measured into one table
+- ``helpers.same_math``: loss curves compared step by step against the device's noise floor
+- ``helpers.fp8``: FP8 training through torchao (optional), and the FP8 datasheet peaks
+- ``helpers.step_profile``: a profiled step in buckets, and what would cut the largest left
 
 Chapter 8, build it yourself
 - ``helpers.flash_attention``: online softmax, the FlashAttention-2 forward and its backward

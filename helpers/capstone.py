@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import math
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,16 +20,22 @@ from matplotlib.figure import Figure
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.activations import ActivationMeter, autocast_context
+from helpers.activations import ActivationMeter
 from helpers.amp_choice import amp_for_device
+from helpers.cuda_graphs import graph_capture_plan
 from helpers.devices import describe_device, resolve_device, synchronize
-from helpers.gpt import GPTConfig, make_gpt
+from helpers.fp8 import convert_fp8, fp8_available
+from helpers.gpt import GPTConfig, decay_groups, make_gpt
 from helpers.loops import best_adam_impl
+from helpers.machine_state import MachineState
 from helpers.matmul import tf32_available, tf32_matmuls
 from helpers.memory import track_peak
+from helpers.peaks import peak_row
+from helpers.same_math import NoiseFloor, SameMath, noise_floor, same_math
 from helpers.timing import benchmark
 from helpers.units import MiB
 from helpers.validate import first_line, positive_int
+from helpers.verdicts import compare_rows
 
 #: Each lever's name in the table, and the chapter that taught it.
 LEVER_TITLES = {
@@ -33,10 +45,24 @@ LEVER_TITLES = {
     "amp": "autocast by hardware (ch3)",
     "tf32": "TF32 matmuls (ch3)",
     "compile": "torch.compile",
+    "graphs": "CUDA graphs of forward and backward (ch2)",
     "checkpoint": "activation checkpointing (ch5)",
+    "fp8": "FP8 matmuls (torchao)",
 }
+#: Levers that run the very same kernels, only fed, kept or launched differently.
+SAME_KERNELS = ("resident", "checkpoint", "graphs")
+#: Levers that compute the same sums in another order: fp32 rounding differs at the ulp level.
+REORDERS = ("sdpa", "fused_adamw", "compile")
+#: Levers that change the rounding on purpose: their loss gap is printed, never checked.
+ROUNDING = ("amp", "tf32", "fp8")
+#: The speed levers in the chapter's greedy order; checkpointing saves memory, not time.
+GREEDY = ("resident", "sdpa", "fused_adamw", "amp", "tf32", "compile", "graphs")
 #: A GPU with this much memory gets the GPT-2-small-like model (an A100 40 GB reads 39.6 GiB).
 BIG_GPU_BYTES = 32 * 2**30
+#: A timing's relative spread is never taken as less than this: two back-to-back timings of
+#: the same kernels differed by 1% on the course's H100 run of 2026-11-26 (bench-ch07:
+#: resident vs baseline, 1.01x, both with an IQR of 0%), so a verdict needs 2% between rows.
+SPREAD_FLOOR = 0.01
 
 
 def check_lever(name: str) -> str:
@@ -56,7 +82,9 @@ class Levers:
     amp: bool = False
     tf32: bool = False
     compile: bool = False
+    graphs: bool = False
     checkpoint: bool = False
+    fp8: bool = False
 
     def on(self) -> list[str]:
         """Names of the levers that are on, in table order (chapter 7)."""
@@ -65,6 +93,14 @@ class Levers:
     def plus(self, name: str) -> Levers:
         """These levers with `name` switched on (chapter 7)."""
         return replace(self, **{check_lever(name): True})
+
+    def minus(self, name: str) -> Levers:
+        """These levers with `name` switched off (chapter 7)."""
+        return replace(self, **{check_lever(name): False})
+
+    def toggled(self, name: str) -> Levers:
+        """`name` switched off if it is on, on if it is off (chapter 7)."""
+        return self.minus(name) if getattr(self, check_lever(name)) else self.plus(name)
 
     def label(self) -> str:
         """'baseline', or the levers that are on joined by ' + ' (chapter 7)."""
@@ -100,9 +136,66 @@ def lever_available(name: str, device: str | torch.device) -> tuple[bool, str]:
             ok,
             "" if ok else f"this torch {torch.__version__} has no fused AdamW for {device.type}",
         )
-    if name == "compile" and device.type == "mps":
+    if name in ("compile", "graphs") and device.type == "mps":
         return False, "torch.compile on MPS is still early in torch 2.x: left out here"
+    if name == "graphs":
+        ok, why = graph_capture_plan(device)
+        return ok, "" if ok else f"CUDA graphs need a CUDA or ROCm GPU and this is {device.type}"
+    if name == "fp8":
+        return fp8_available(device)
     return True, ""
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How the capstone trains: AdamW as GPT-2 is trained, warm-up then cosine decay, clipping (chapter 7)."""
+
+    lr: float = 6e-4  # the peak learning rate, reached at the end of the warm-up
+    min_lr: float = 6e-5  # where the cosine decay ends, and stays
+    warmup: int = 8  # steps of linear warm-up, from lr / warmup
+    decay: int = 56  # steps of cosine decay after the warm-up
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1  # on matrices and embeddings only (helpers.gpt.decay_groups)
+    clip: float = 1.0  # the largest gradient norm; larger gradients are scaled down to it
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0-based) (chapter 7)."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        done = min(1.0, (step - self.warmup) / self.decay)
+        return self.min_lr + 0.5 * (1 + math.cos(math.pi * done)) * (self.lr - self.min_lr)
+
+    def __str__(self) -> str:
+        return (
+            f"AdamW, betas {self.betas}, weight decay {self.weight_decay:g} on matrices; learning "
+            f"rate warmed up over {self.warmup} steps to {self.lr:g}, cosine decay to "
+            f"{self.min_lr:g} by step {self.warmup + self.decay}; gradient norm clipped at "
+            f"{self.clip:g}"
+        )
+
+
+def regime_for(cfg: GPTConfig) -> Regime:
+    """GPT-2 small's recipe (nanoGPT's train.py: peak 6e-4) at width 768+, nanoGPT's 1e-3 for its smaller models (chapter 7)."""
+    lr = 6e-4 if cfg.d_model >= 768 else 1e-3
+    return Regime(lr=lr, min_lr=lr / 10)
+
+
+def make_optimizer(
+    model: torch.nn.Module, regime: Regime, fused: bool = False
+) -> torch.optim.AdamW:
+    """The capstone's AdamW: decay groups, the regime's betas, fused or torch's default (chapter 7)."""
+    return torch.optim.AdamW(
+        decay_groups(model, regime.weight_decay),
+        lr=regime.lr_at(0),
+        betas=regime.betas,
+        fused=fused or None,
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, regime: Regime, step: int) -> None:
+    """Give every parameter group the regime's learning rate for step `step` (chapter 7)."""
+    for group in optimizer.param_groups:
+        group["lr"] = regime.lr_at(step)
 
 
 class WindowDataset(Dataset):
@@ -127,8 +220,19 @@ def batch_starts(
     return torch.randint(0, n_tokens - seq_len - 1, (steps, batch_size), generator=generator)
 
 
+def compile_model(model: torch.nn.Module, levers: Levers) -> Callable[..., torch.Tensor]:
+    """The model itself, or torch.compile'd: Inductor, with CUDA graphs ('reduce-overhead') or alone; graphs alone: the 'cudagraphs' backend (chapter 7)."""
+    if levers.compile and levers.graphs:
+        return torch.compile(model, mode="reduce-overhead")
+    if levers.compile:
+        return torch.compile(model)
+    if levers.graphs:  # CUDA graphs of the eager kernels, captured through AOTAutograd
+        return torch.compile(model, backend="cudagraphs")
+    return model
+
+
 class Trainer:
-    """The GPT, its AdamW and its batches with some levers on; run() trains one log interval (chapter 7)."""
+    """The GPT, its AdamW, its schedule and its batches with some levers on; run() trains one log interval (chapter 7)."""
 
     def __init__(
         self,
@@ -141,7 +245,7 @@ class Trainer:
         interval: int = 4,
         steps: int = 32,
         seed: int = 0,
-        lr: float = 1e-3,
+        regime: Regime | None = None,
     ):
         self.device, self.levers = resolve_device(device), levers
         self.batch_size = positive_int(batch_size, "batch_size")
@@ -150,24 +254,24 @@ class Trainer:
         self.cfg = replace(
             cfg, attention="sdpa" if levers.sdpa else "manual", checkpoint=levers.checkpoint
         )
+        self.regime = regime or regime_for(self.cfg)
         for name in levers.on():
             ok, why = lever_available(name, self.device)
             if not ok:
                 raise ValueError(f"lever {name!r} cannot run on {self.device}: {why}.")
         self.model = make_gpt(self.cfg, seed=seed, device=self.device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, fused=levers.fused_adamw or None
-        )
-        if (
-            levers.compile
-        ):  # forget earlier Trainers' graphs: many models would hit the recompile limit
+        if levers.fp8:  # FP8 runs natively only on 8.9+ GPUs; elsewhere torchao emulates it
+            convert_fp8(self.model, emulate=self.device.type != "cuda")
+        self.params = list(self.model.parameters())
+        self.initial = [p.detach().clone() for p in self.params]  # for restart()
+        self.optimizer = make_optimizer(self.model, self.regime, fused=levers.fused_adamw)
+        if levers.compile or levers.graphs:  # forget earlier Trainers' graphs (recompile limit)
             torch.compiler.reset()
-        self.forward = torch.compile(self.model) if levers.compile else self.model
+        self.forward = compile_model(self.model, levers)
         choice = amp_for_device(self.device) if levers.amp else None
         self.amp_dtype = choice.dtype if choice else None
-        self.scaler = (
-            torch.amp.GradScaler(self.device.type) if choice and choice.use_scaler else None
-        )
+        self.use_scaler = bool(choice and choice.use_scaler)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.use_scaler else None
         starts = batch_starts(len(tokens), cfg.seq_len, batch_size, steps, seed)
         if levers.resident:  # tokens and offsets live on the device; a batch is one gather
             self.tokens = tokens.to(self.device)
@@ -199,21 +303,34 @@ class Trainer:
             x, y = next(self.batches)
         return x.to(self.device), y.to(self.device)
 
+    def _autocast(self) -> torch.autocast | nullcontext[None]:
+        """Autocast to this row's 16-bit dtype, or nothing (chapter 7)."""
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
     def step(self) -> torch.Tensor:
-        """One optimizer step; returns the loss as a tensor on the device (chapter 7)."""
+        """One optimizer step at the regime's learning rate, gradients clipped; the loss, on the device (chapter 7)."""
         x, y = self._batch()
-        with autocast_context(self.device.type, self.amp_dtype):
+        set_lr(self.optimizer, self.regime, self.step_count)
+        self.optimizer.zero_grad(set_to_none=True)  # last step's gradients dropped first
+        if self.levers.graphs:  # a new iteration: the graphs may reuse the last one's memory
+            torch.compiler.cudagraph_mark_step_begin()
+        with self._autocast():
             loss = self.forward(x, y)
-        self.optimizer.zero_grad(set_to_none=True)
         if self.scaler:
             self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(self.params, self.regime.clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, self.regime.clip)
             self.optimizer.step()
         self.step_count += 1
-        return loss.detach()
+        # a CUDA graph's output is overwritten by the next replay: keep a copy of the loss
+        return loss.detach().clone() if self.levers.graphs else loss.detach()
 
     def run(self) -> list[float]:
         """Train one log interval; losses read with .item() each step (baseline) or once at the end (chapter 7)."""
@@ -222,11 +339,29 @@ class Trainer:
                 return torch.stack([self.step() for _ in range(self.interval)]).tolist()
             return [self.step().item() for _ in range(self.interval)]
 
+    def losses(self, steps: int) -> list[float]:
+        """The losses of the next `steps` steps, whole intervals run (chapter 7)."""
+        out: list[float] = []
+        while len(out) < steps:
+            out += self.run()
+        return out[:steps]
+
+    def restart(self, nudge: bool = False) -> None:
+        """Back to step 0: the initial weights (each one ulp up with `nudge`), no optimizer state, the first batch (chapter 7)."""
+        with torch.no_grad():
+            for p, p0 in zip(self.params, self.initial):
+                p.copy_(torch.nextafter(p0, torch.full_like(p0, math.inf)) if nudge else p0)
+        self.optimizer.state.clear()  # AdamW starts its moments and step counts afresh
+        if self.use_scaler:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        if not self.levers.resident:
+            self.batches = iter(())
+        self.step_count = 0
+
     def saved_bytes(self) -> int:
         """Bytes one eager forward saves for backward at this batch, with this row's attention, autocast and checkpointing (chapter 7)."""
         x, y = self._peek_batch()
-        autocast = autocast_context(self.device.type, self.amp_dtype)
-        with ActivationMeter(self.model) as meter, autocast:
+        with ActivationMeter(self.model) as meter, self._autocast():
             self.model(x, y)
         return meter.total_bytes
 
@@ -260,6 +395,19 @@ class LeverRow:
     mfu_achievable: float | None = None
     speedup: float = 1.0
     kept: str = ""
+    levers: Levers | None = None
+    parent: Levers | None = None  # the configuration this row's lever was added to or removed from
+    machine: MachineState | None = None  # what else the machine did while it was timed
+    compile_cache: str = ""  # "cold" or "warm": Inductor's on-disk cache before the first interval
+    check: SameMath | None = None  # its losses against its parent's (LeverSearch fills it in)
+
+    def timing_row(self) -> dict[str, Any]:
+        """The row's numbers for helpers.verdicts.compare_rows: step seconds and IQR, at least SPREAD_FLOOR (chapter 7)."""
+        return {
+            "levers": self.label,
+            "step_s": self.step_s,
+            "iqr_s": max(self.spread, SPREAD_FLOOR) * self.step_s,
+        }
 
     def as_row(self) -> dict[str, Any]:
         """The row for print_table, numbers rounded for reading (chapter 7)."""
@@ -276,6 +424,30 @@ class LeverRow:
         }
 
 
+def inductor_cache_dir() -> Path:
+    """Where torch.compile keeps its on-disk caches: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp folder (chapter 7)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    user = os.environ.get("USER") or os.environ.get("USERNAME") or "unknown_user"
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+
+
+def compile_cache_state() -> str:
+    """'cold' when Inductor's on-disk cache holds nothing yet, 'warm' when earlier compiles left files there (chapter 7)."""
+    path = inductor_cache_dir()
+    warm = path.is_dir() and any(p.is_file() for p in path.rglob("*"))
+    return "warm" if warm else "cold"
+
+
+def use_fresh_compile_cache() -> Path:
+    """Point Inductor's and Triton's caches at a new empty folder, removed when Python exits: the next compile is cold (chapter 7)."""
+    path = Path(tempfile.mkdtemp(prefix="course-inductor-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def measure_trainer(
     trainer: Trainer,
     *,
@@ -283,13 +455,18 @@ def measure_trainer(
     peak_flops: float | None = None,
     achievable_flops: float | None = None,
     min_run_time: float = 1.0,
+    check_steps: int | None = None,
 ) -> LeverRow:
-    """Time trainer.run() with helpers.timing.benchmark after a timed first call; memory and MFU (chapter 7)."""
+    """The first `check_steps` losses (the first interval timed: set-up, compiling), then helpers.timing.benchmark; memory and MFU (chapter 7)."""
     device = trainer.device
+    compiled = trainer.levers.compile or trainer.levers.graphs
+    cache = compile_cache_state() if compiled else ""
     synchronize(device)
     start = time.perf_counter()
     first_losses = trainer.run()  # the first interval: set-up, and compiling when compile is on
     first = time.perf_counter() - start
+    if check_steps and check_steps > len(first_losses):
+        first_losses += trainer.losses(check_steps - len(first_losses))
     with track_peak(device) as peak:
         trainer.run()
     result = benchmark(
@@ -306,25 +483,108 @@ def measure_trainer(
         saved_mib=trainer.saved_bytes() / MiB,
         peak_mib=peak.peak / MiB if device.type in ("cuda", "mps") else None,
         first_s=first,
-        first_losses=first_losses,
+        first_losses=first_losses[: check_steps or len(first_losses)],
         mfu=flop_rate / peak_flops if flop_rate and peak_flops else None,
         mfu_achievable=flop_rate / achievable_flops if flop_rate and achievable_flops else None,
+        levers=trainer.levers,
+        machine=result.machine,
+        compile_cache=cache,
     )
 
 
+def timing_gain(row: LeverRow, best: LeverRow) -> tuple[float, float, str]:
+    """(how many times faster `row` steps than `best`, the noise of that ratio, a busy machine's caveat or ''), read off both rows by helpers.verdicts.compare_rows (chapter 7)."""
+    machines = [m for m in (row.machine, best.machine) if m is not None]
+    verdict = compare_rows(
+        [row.timing_row(), best.timing_row()],
+        "levers",
+        row.label,
+        best.label,
+        "step_s",
+        iqr="iqr_s",
+        machine=machines,
+    )
+    busy = [m.caveat() for m in machines if not m.quiet]
+    return verdict.ratio, verdict.noise, busy[0] if busy else ""
+
+
 def keep_verdict(row: LeverRow, best: LeverRow) -> tuple[bool, str]:
-    """Keep a lever only if its step is faster than the best so far by more than the noise (chapter 7)."""
-    gain = best.step_s / row.step_s
-    noise = max(0.02, row.spread, best.spread)
-    if gain > 1 + noise:
-        return True, f"kept: {gain:.2f}x faster than without it (noise ±{100 * noise:.0f}%)"
-    if gain < 1 - noise:
-        return False, f"dropped: {1 / gain:.2f}x slower here"
-    return False, f"dropped: {gain:.2f}x is within the noise (±{100 * noise:.0f}%)"
+    """Keep `row`'s lever only if its step beats `best`'s (the same levers without it) beyond both spreads (chapter 7)."""
+    gain, noise, busy = timing_gain(row, best)
+    at = f"at a {1e3 * best.step_s:.4g} ms step"
+    if abs(gain - 1) <= noise:
+        keep, text = False, f"dropped: not shown to help {at} ({gain:.2f}x, noise ±{noise:.0%})"
+    elif gain > 1:
+        keep, text = True, f"kept: {gain:.2f}x faster than without it {at} (noise ±{noise:.0%})"
+    else:
+        keep, text = False, f"dropped: {1 / gain:.2f}x slower {at} (noise ±{noise:.0%})"
+    return keep, text + ("; on a busy machine: re-run to confirm" if busy else "")
+
+
+def removal_verdict(name: str, without: LeverRow, final: LeverRow) -> tuple[bool, str]:
+    """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads (chapter 7)."""
+    gain, noise, busy = timing_gain(without, final)
+    at = f"at a {1e3 * without.step_s:.4g} ms step"
+    if abs(gain - 1) <= noise:
+        remove = False
+        text = f"{name} stays (from the greedy pass): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
+    elif gain > 1:
+        remove, text = True, f"{name} removed: {gain:.2f}x faster without it (noise ±{noise:.0%})"
+    else:
+        remove = False
+        text = f"{name} stays: {1 / gain:.2f}x faster than without it {at} (noise ±{noise:.0%})"
+    return remove, text + ("; on a busy machine: re-run to confirm" if busy else "")
+
+
+def cost_verdict(row: LeverRow, without: LeverRow, what: str) -> str:
+    """What lever `what` costs in time: `row` (with it) against `without`, the same levers without it, beyond both spreads (chapter 7)."""
+    gain, noise, busy = timing_gain(without, row)  # > 1: the step is faster without the lever
+    at = f"at a {1e3 * without.step_s:.4g} ms step"
+    if abs(gain - 1) <= noise:
+        text = f"no cost of {what} shown {at} ({gain:.2f}x, noise ±{noise:.0%})"
+    else:
+        text = f"with {what} the step took {gain:.2f}x as long {at} (noise ±{noise:.0%})"
+    return text + ("; on a busy machine: re-run to confirm" if busy else "")
+
+
+def throughput_verdict(a: LeverRow, b: LeverRow, a_name: str, b_name: str) -> str:
+    """Which of two rows trains more tokens per second, beyond their spreads, through helpers.verdicts.compare_rows (chapter 7)."""
+    rows = [
+        {
+            "configuration": name,
+            "tokens/s": r.tokens_per_s,
+            "iqr": max(r.spread, SPREAD_FLOOR) * r.tokens_per_s,
+        }
+        for name, r in ((a_name, a), (b_name, b))
+    ]
+    machines = [m for m in (a.machine, b.machine) if m is not None]
+    return compare_rows(
+        rows, "configuration", a_name, b_name, "tokens/s", iqr="iqr",
+        higher_is_better=True, better="more tokens/s", machine=machines,
+    )  # fmt: skip
+
+
+def math_change(name: str, context: Levers) -> str:
+    """'' where lever `name` keeps the math in `context` (so it is checked), else what it changes (chapter 7)."""
+    check_lever(name)
+    if name in ROUNDING:
+        return f"rounding changed by {name} on purpose"
+    rounding = [n for n in context.on() if n in ROUNDING]
+    if name in ("sdpa", "compile") and rounding:
+        return f"{name} rounds the {' + '.join(rounding)} sums in another order: a 16-bit rounding change"
+    return ""
+
+
+def changed_lever(a: Levers, b: Levers) -> str:
+    """The one lever that differs between `a` and `b`; a ValueError otherwise (chapter 7)."""
+    names = [n for n in LEVER_TITLES if getattr(a, n) != getattr(b, n)]
+    if len(names) != 1:
+        raise ValueError(f"{a.label()!r} and {b.label()!r} differ by {names}, not by one lever.")
+    return names[0]
 
 
 class LeverSearch:
-    """Each lever measured on top of the best so far, kept only if faster beyond the noise (chapter 7)."""
+    """Greedy: each lever on top of the best so far, kept if faster beyond the noise; then an ablation until nothing changes (chapter 7)."""
 
     def __init__(self, make: Callable[[Levers], Trainer], measure: Callable[[Trainer], LeverRow]):
         self.make, self.measure = make, measure
@@ -332,31 +592,201 @@ class LeverSearch:
         baseline = make(self.current)
         self.device = baseline.device
         self.best = measure(baseline)
-        self.best.kept = "the baseline"
+        self.best.kept, self.best.levers = "the baseline", self.current
         self.rows = [self.best]
+        self.ablation: list[LeverRow] = []
+        self.side: list[LeverRow] = []  # rows measured beside the search (FP8, checkpointing)
+        self.trainers: dict[Levers, Trainer] = {self.current: baseline}
+        self.floors: dict[Levers, NoiseFloor] = {}
+
+    @property
+    def baseline(self) -> LeverRow:
+        """The baseline's row (chapter 7)."""
+        return self.rows[0]
+
+    def _keep_trainer(self, levers: Levers, trainer: Trainer, parent: Levers | None) -> None:
+        """Keep the trainers of the baseline, the best configuration and its parent (for their noise floors), drop the others (chapter 7)."""
+        self.trainers[levers] = trainer
+        keep = (Levers(), self.current, parent)
+        for old in [lv for lv in self.trainers if lv not in keep]:
+            del self.trainers[old]
+
+    def _measure(self, levers: Levers, parent: LeverRow) -> tuple[LeverRow | None, str]:
+        """Measure `levers` (one lever away from `parent`); (row, '') or (None, why it failed) (chapter 7)."""
+        made: dict[str, Trainer] = {}
+
+        def run() -> LeverRow:
+            made["trainer"] = self.make(levers)
+            return self.measure(made["trainer"])
+
+        row, error = run_or_reason(run)
+        if row is not None:
+            row.levers, row.parent, row.parent_losses = levers, parent.levers, parent.first_losses
+            row.speedup = self.baseline.step_s / row.step_s
+            self._last_trainer = made["trainer"]
+        return row, error
 
     def try_lever(self, name: str) -> LeverRow | None:
-        """Measure the best levers so far plus `name`; keep it on the evidence; None if it cannot run (chapter 7)."""
+        """Measure the best levers so far plus `name`; keep it beyond the noise; None if it cannot run (chapter 7)."""
         ok, why = lever_available(name, self.device)
         if not ok:
             print(f"{name}: skipped here: {why}.")
             return None
         levers = self.current.plus(name)
-        row, error = run_or_reason(lambda: self.measure(self.make(levers)))
+        row, error = self._measure(levers, self.best)
         if row is None:
             print(f"{name}: dropped, it failed here: {error}")
             return None
-        row.speedup = self.rows[0].step_s / row.step_s
-        row.parent_losses = self.best.first_losses  # what the lever was added to
         keep, row.kept = keep_verdict(row, self.best)
         self.rows.append(row)
+        self._check(row)
         if keep:
-            self.current, self.best = levers, row
+            parent, self.current, self.best = self.current, levers, row
+            self._keep_trainer(levers, self._last_trainer, parent)
         print(f"{name}: {row.kept}; now {self.best.speedup:.2f}x the baseline")
         return row
 
+    def side_row(self, levers: Levers, parent: LeverRow) -> tuple[LeverRow | None, str]:
+        """Measure `levers` against `parent` (one lever apart) without changing the final: verdict and loss check filled in (chapter 7)."""
+        row, error = self._measure(levers, parent)
+        if row is None:
+            return None, error
+        name = changed_lever(levers, parent.levers)
+        if getattr(levers, name):
+            row.kept = keep_verdict(row, parent)[1]
+        else:
+            row.kept = removal_verdict(name, row, parent)[1]
+        self.side.append(row)
+        self._check(row)
+        return row, ""
+
+    def measured(self, levers: Levers) -> LeverRow:
+        """The latest row of exactly `levers`, or a new measurement of them (no verdict) (chapter 7)."""
+        row = self.row_for(levers)
+        if row is None:
+            row = self.measure(self.make(levers))
+            row.levers, row.kept = levers, "measured as a reference"
+            row.speedup = self.baseline.step_s / row.step_s
+            self.side.append(row)
+        return row
+
+    @property
+    def final_row(self) -> LeverRow:
+        """The final configuration's latest measurement: the ablation's last pass, else the greedy best (chapter 7)."""
+        return self.row_for(self.current) or self.best
+
+    def final_verdict(self) -> str:
+        """The final configuration against the baseline, read off both rows by compare_rows (chapter 7)."""
+        if self.current == Levers():
+            return "nothing beat the baseline here: the final configuration is the baseline"
+        final, base = self.final_row, self.baseline
+        machines = [m for m in (final.machine, base.machine) if m is not None]
+        rows = [final.timing_row(), base.timing_row()]
+        return str(
+            compare_rows(
+                rows, "levers", final.label, base.label, "step_s", iqr="iqr_s", machine=machines
+            )
+        )
+
+    def row_for(self, levers: Levers) -> LeverRow | None:
+        """The latest row measured with exactly `levers`, greedy or ablation, or None (chapter 7)."""
+        found = [r for r in self.rows + self.ablation + self.side if r.levers == levers]
+        return found[-1] if found else None
+
+    def floor(self, levers: Levers) -> NoiseFloor:
+        """The noise floor of a measured configuration: its trainer rerun, and rerun with every weight one ulp up (chapter 7)."""
+        if levers not in self.floors:
+            row = self.row_for(levers)
+            if row is None:
+                raise ValueError(f"{levers.label()!r} was not measured: measure it first.")
+            trainer = self.trainers.get(levers) or self.make(levers)
+            steps = len(row.first_losses)
+            runs = []
+            for nudge in (False, True):
+                trainer.restart(nudge=nudge)
+                runs.append(trainer.losses(steps))
+            self.floors[levers] = noise_floor(row.label, row.first_losses, *runs)
+        return self.floors[levers]
+
+    def same_math(self, row: LeverRow) -> SameMath:
+        """`row`'s losses against those of the configuration it differs from by one lever, held to that one's noise floor (chapter 7)."""
+        if row.levers is None or row.parent is None:
+            raise ValueError(f"{row.label!r} has no parent configuration to compare with.")
+        parent = self.row_for(row.parent)
+        name = changed_lever(row.levers, row.parent)
+        change = math_change(name, row.levers if getattr(row.levers, name) else row.parent)
+        label = f"{row.label} vs {parent.label}"
+        floor = None if change else self.floor(row.parent)
+        return same_math(label, row.first_losses, parent.first_losses, floor, change)
+
+    def _check(self, row: LeverRow) -> None:
+        """Fill in row.check; a check that cannot run says why instead of stopping the search (chapter 7)."""
+        check, error = run_or_reason(lambda: self.same_math(row))
+        row.check = check or SameMath(row.label, [], None, f"not checked: {error}")
+
+    def ablate(self, names: Sequence[str] = GREEDY, max_passes: int = 4) -> bool:
+        """From the final configuration, each lever switched (on if off, off if on), the best change beyond the noise applied, until none helps; True if it settled (chapter 7)."""
+        for number in range(1, max_passes + 1):
+            final, error = self._measure(self.current, self.best)
+            if final is None:
+                raise RuntimeError(f"the final configuration failed to run again: {error}")
+            final.kept = f"the final configuration (pass {number})"
+            final.parent = None
+            self.ablation.append(final)
+            self._keep_trainer(self.current, self._last_trainer, None)
+            best_gain, best_row = 1.0, None
+            for name in names:
+                if not lever_available(name, self.device)[0]:
+                    continue
+                levers = self.current.toggled(name)
+                row, error = self._measure(levers, final)
+                if row is None:
+                    print(f"  {levers.label()}: failed here: {error}")
+                    continue
+                self.ablation.append(row)
+                self._check(row)
+                if getattr(levers, name):  # switched on: kept if it beats the final
+                    better, row.kept = keep_verdict(row, final)
+                else:  # switched off: removed only if the final is slower with it
+                    better, row.kept = removal_verdict(name, row, final)
+                gain = final.step_s / row.step_s
+                if better and gain > best_gain:
+                    best_gain, best_row = gain, row
+            if best_row is None:
+                print(f"ablation pass {number}: no lever switched on or off beats the final")
+                return True
+            print(f"ablation pass {number}: {best_row.label} beats the final, {best_gain:.2f}x")
+            self.current, self.best = best_row.levers, best_row
+        print(f"ablation: stopped after {max_passes} passes, still changing")
+        return False
+
+    def not_shown_to_help(self) -> list[str]:
+        """Levers the last ablation pass switched on from the final configuration without beating it (chapter 7)."""
+        last = [i for i, r in enumerate(self.ablation) if r.parent is None]
+        if not last:
+            return []
+        rows = self.ablation[last[-1] + 1 :]
+        return [
+            changed_lever(r.levers, r.parent)
+            for r in rows
+            if r.parent == self.current
+            and not r.kept.startswith("kept")
+            and getattr(r.levers, changed_lever(r.levers, r.parent))
+        ]
+
+    def ablation_table(self) -> list[dict[str, Any]]:
+        """The ablation's rows for print_table: each configuration, its change, its verdict (chapter 7)."""
+        out = []
+        for row in self.ablation:
+            cells = row.as_row()
+            change = "" if row.parent is None else changed_lever(row.levers, row.parent)
+            sign = "+" if change and getattr(row.levers, change) else "-"
+            cells = {"change": f"{sign} {change}" if change else "(final)", **cells}
+            out.append(cells)
+        return out
+
     def table(self) -> list[dict[str, Any]]:
-        """Every measured configuration as print_table rows (chapter 7)."""
+        """Every configuration the greedy pass measured, as print_table rows (chapter 7)."""
         return [r.as_row() for r in self.rows]
 
 
@@ -415,3 +845,55 @@ def run_or_reason(fn: Callable[[], Any]) -> tuple[Any, str]:
         Exception
     ) as exc:  # a compiler missing, a kernel missing: the lever is dropped with the reason
         return None, f"{type(exc).__name__}: {first_line(exc)}"
+
+
+@dataclass(frozen=True)
+class RecipeFigure:
+    """A public recipe's measured throughput, with where, when and at what shape it was measured (chapter 7)."""
+
+    tokens_per_s: float
+    mfu: float
+    gpu: str
+    shape: tuple[int, int, int, int, int, int]  # layers, heads, width, seq_len, batch, vocabulary
+    source: str
+
+    def __str__(self) -> str:
+        layers, heads, width, seq_len, batch, vocab = self.shape
+        return (
+            f"{self.tokens_per_s:,.0f} tokens/s, {self.mfu:.1%} MFU (bf16 datasheet): {self.source}, "
+            f"{layers} x {width}, {heads} heads, T = {seq_len}, batch {batch}, vocabulary {vocab}"
+        )
+
+
+#: nanoGPT's model.py trained its way (bf16 autocast, fused AdamW, torch.compile, TF32,
+#: resident batches) at the capstone's big shape: AUDIT finding 26 of that run.
+NANOGPT_H100 = RecipeFigure(
+    572_379,
+    0.362,
+    "NVIDIA H100 80GB HBM3",
+    (12, 12, 768, 1024, 16, 256),
+    "nanoGPT's model.py on the course's H100 run of 2026-11-26 (torch 2.11, one benchmark at a "
+    "time, 5 rounds of 10 steps, median)",
+)
+
+
+def recipe_ratio(
+    device: str | torch.device,
+    cfg: GPTConfig,
+    batch_size: int,
+    tokens_per_s: float,
+    recipe: RecipeFigure = NANOGPT_H100,
+) -> str:
+    """This run's tokens/s as a ratio to the public recipe's, where its GPU class and shape apply; else why not (chapter 7)."""
+    device = resolve_device(device)
+    shape = (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.seq_len, batch_size, cfg.vocab_size)
+    if shape != recipe.shape:
+        return f"the public recipe's figure does not apply here: it was measured at {recipe.shape} (layers, heads, width, seq_len, batch, vocabulary), this run is {shape}"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    row, ref = peak_row(name), peak_row(recipe.gpu)
+    if row is None or ref is None or row.tflops.get("bf16") != ref.tflops.get("bf16"):
+        return f"the public recipe's figure does not apply here: it was measured on an {recipe.gpu}, this is {name}"
+    ratio = tokens_per_s / recipe.tokens_per_s
+    same = row.pattern == ref.pattern
+    note = "" if same else f" ({name} has the H100 SXM's bf16 peak but other memory: indicative)"
+    return f"final vs the public recipe: {ratio:.2f}x ({tokens_per_s:,.0f} vs {recipe.tokens_per_s:,.0f} tokens/s){note}"

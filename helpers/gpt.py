@@ -137,6 +137,15 @@ def make_gpt(cfg: GPTConfig, *, seed: int = 0, device: str | torch.device = "cpu
     return model
 
 
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups as GPT-2 is trained: decay on matrices and embeddings, none on biases and norms (chapter 7)."""
+    params = list(model.parameters())  # a tied weight is listed once
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
 def non_embedding_params(model: GPT) -> int:
     """Parameters that every token multiplies through: all but the position embedding (chapter 7)."""
     return sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()

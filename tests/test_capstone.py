@@ -8,33 +8,56 @@ stand-in trainer whose work runs on the CPU while the fake reports the GPU's mem
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 import torch
 from matplotlib.figure import Figure
 
-from helpers import amp_choice, capstone
+from helpers import amp_choice, capstone, fp8
 from helpers.amp_choice import AmpChoice
 from helpers.capstone import (
+    GREEDY,
     LEVER_TITLES,
+    NANOGPT_H100,
+    REORDERS,
+    ROUNDING,
+    SAME_KERNELS,
     LeverRow,
     Levers,
     LeverSearch,
+    Regime,
     Trainer,
     WindowDataset,
     batch_starts,
     capstone_sizes,
+    changed_lever,
+    compile_cache_state,
+    compile_model,
+    cost_verdict,
     describe_sdpa_kernel,
+    inductor_cache_dir,
     keep_verdict,
     lever_available,
+    make_optimizer,
+    math_change,
     measure_trainer,
     plot_levers,
+    recipe_ratio,
+    regime_for,
+    removal_verdict,
     run_or_reason,
     same_losses,
     sdpa_backend,
+    set_lr,
+    throughput_verdict,
+    use_fresh_compile_cache,
 )
-from helpers.gpt import GPTConfig, text_bytes
+from helpers.gpt import GPTConfig, make_gpt, text_bytes
+from helpers.machine_state import GpuTenants, MachineState
 from helpers.matmul import tf32_enabled
 from helpers.units import MiB
 
@@ -79,6 +102,9 @@ def test_levers_on_plus_and_label() -> None:
     assert both.label() == "resident + sdpa"
     assert base.on() == []  # plus returns a new Levers
     assert base.plus("sdpa").plus("sdpa") == Levers(sdpa=True)
+    assert both.minus("sdpa") == Levers(resident=True) and both.minus("amp") == both
+    assert both.toggled("sdpa") == Levers(resident=True)
+    assert both.toggled("amp") == Levers(resident=True, sdpa=True, amp=True)
     every = Levers()
     for name in LEVER_TITLES:
         every = every.plus(name)
@@ -88,6 +114,56 @@ def test_levers_on_plus_and_label() -> None:
 def test_a_bad_lever_name_lists_the_levers() -> None:
     with pytest.raises(ValueError, match=r"unknown lever 'flash'; the levers are resident, sdpa, "):
         Levers().plus("flash")
+    with pytest.raises(ValueError, match="unknown lever"):
+        Levers().minus("flash")
+
+
+def test_every_lever_has_one_kind() -> None:
+    kinds = SAME_KERNELS + REORDERS + ROUNDING
+    assert sorted(kinds) == sorted(LEVER_TITLES) and len(set(kinds)) == len(kinds)
+    assert set(GREEDY) == set(LEVER_TITLES) - {"checkpoint", "fp8"}
+
+
+# --------------------------------------------------------------------------- the regime
+
+
+def test_regime_warms_up_then_decays_to_its_floor() -> None:
+    r = Regime(lr=6e-4, min_lr=6e-5, warmup=8, decay=56)
+    assert r.lr_at(0) == pytest.approx(6e-4 / 8) and r.lr_at(7) == pytest.approx(6e-4)
+    assert r.lr_at(8) == pytest.approx(6e-4)  # the top of the cosine
+    assert r.lr_at(8 + 28) == pytest.approx((6e-4 + 6e-5) / 2)  # half-way down
+    assert r.lr_at(64) == pytest.approx(6e-5) and r.lr_at(10_000) == pytest.approx(6e-5)
+    lrs = [r.lr_at(s) for s in range(100)]
+    assert lrs[:8] == sorted(lrs[:8]) and lrs[7:] == sorted(lrs[7:], reverse=True)
+    assert str(r).startswith("AdamW, betas (0.9, 0.95), weight decay 0.1 on matrices")
+
+
+def test_regime_for_follows_gpt2_and_nanogpt() -> None:
+    assert regime_for(GPTConfig(n_layer=12, n_head=12, d_model=768)).lr == 6e-4  # GPT-2 small
+    small = regime_for(TINY)
+    assert (small.lr, small.min_lr, small.clip, small.betas) == (1e-3, 1e-4, 1.0, (0.9, 0.95))
+
+
+def test_make_optimizer_decays_matrices_only() -> None:
+    model = make_gpt(TINY)
+    opt = make_optimizer(model, Regime(weight_decay=0.1))
+    decay, rest = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in rest["params"])
+    assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["fused"] is None
+    assert make_optimizer(model, Regime(), fused=True).defaults["fused"] is True
+    set_lr(opt, Regime(lr=1e-3, warmup=4), 1)
+    assert [g["lr"] for g in opt.param_groups] == [5e-4, 5e-4]
+
+
+def test_the_loss_falls_from_the_first_interval() -> None:
+    """The CPU chapter's GPT in the regime: no spike above the first loss, lower after 2 intervals."""
+    cfg, batch = capstone_sizes("cpu")
+    trainer = Trainer(cfg, Levers(resident=True, sdpa=True), TOKENS, device="cpu", batch_size=batch)
+    losses = trainer.losses(12)
+    assert max(losses) <= losses[0] + 0.01
+    assert sum(losses[8:]) / 4 < sum(losses[:4]) / 4 - 0.05
 
 
 # --------------------------------------------------------------------------- data
@@ -263,27 +339,113 @@ def test_lever_row_as_row_rounds_for_reading() -> None:
 @pytest.mark.parametrize(
     ("step_s", "spread", "best_spread", "kept", "verdict"),
     [
-        (0.008, 0.01, 0.01, True, "kept: 1.25x faster than without it (noise ±2%)"),
-        (0.012, 0.01, 0.01, False, "dropped: 1.20x slower here"),
-        (0.0099, 0.01, 0.01, False, "dropped: 1.01x is within the noise (±2%)"),
-        (0.009, 0.15, 0.01, False, "dropped: 1.11x is within the noise (±15%)"),  # noisy row
-        (0.009, 0.01, 0.05, True, "kept: 1.11x faster than without it (noise ±5%)"),
+        (0.008, 0.01, 0.01, True, "kept: 1.25x faster than without it at a 10 ms step (noise ±2%)"),
+        (0.012, 0.01, 0.01, False, "dropped: 1.20x slower at a 10 ms step (noise ±2%)"),
+        (
+            0.0099,
+            0.01,
+            0.01,
+            False,
+            "dropped: not shown to help at a 10 ms step (1.01x, noise ±2%)",
+        ),
+        (
+            0.009,
+            0.15,
+            0.01,
+            False,
+            "dropped: not shown to help at a 10 ms step (1.11x, noise ±16%)",
+        ),
+        (0.009, 0.01, 0.05, True, "kept: 1.11x faster than without it at a 10 ms step (noise ±6%)"),
+        (0.009, 0.0, 0.0, True, "kept: 1.11x faster than without it at a 10 ms step (noise ±2%)"),
     ],
 )
 def test_keep_verdict(
     step_s: float, spread: float, best_spread: float, kept: bool, verdict: str
 ) -> None:
-    best = row(step_s=0.01, spread=best_spread)
-    assert keep_verdict(row(step_s=step_s, spread=spread), best) == (kept, verdict)
+    best = row("sdpa", step_s=0.01, spread=best_spread)
+    assert keep_verdict(row("sdpa + amp", step_s=step_s, spread=spread), best) == (kept, verdict)
 
 
-#: step_s each configuration "measures" in the LeverSearch tests: sdpa helps, fused_adamw does not.
-STEP_S = {"baseline": 0.010, "sdpa": 0.008, "sdpa + fused_adamw": 0.0081, "resident + sdpa": 0.006}
+def test_a_verdicts_ratio_is_the_tables() -> None:
+    """The ratio a verdict prints is the ratio of the two rows' printed step times."""
+    best, new = row("sdpa", step_s=0.030813), row("sdpa + fused_adamw", step_s=0.029177)
+    new.kept = keep_verdict(new, best)[1]
+    table = {r["levers"]: r for r in (best.as_row(), new.as_row())}
+    step_ms = {k: float(v["step ms"].split()[0]) for k, v in table.items()}
+    printed = float(new.kept.split("kept: ")[1].split("x")[0])
+    assert printed == round(step_ms["sdpa"] / step_ms["sdpa + fused_adamw"], 2) == 1.06
+    assert "at a 30.81 ms step" in new.kept
+
+
+def test_a_busy_machine_is_named_in_the_verdict() -> None:
+    busy = MachineState("cpu", 2, 2, 2, 9.0, GpuTenants(None), others_cores=1.9, window_s=1.0)
+    best = row(step_s=0.01, machine=busy)
+    keep, text = keep_verdict(row("resident", step_s=0.005), best)
+    assert keep and text.endswith("; on a busy machine: re-run to confirm")
+
+
+def test_removal_verdict() -> None:
+    final = row("resident + sdpa", step_s=0.010)
+    assert removal_verdict("resident", row("sdpa", step_s=0.008), final) == (
+        True,
+        "resident removed: 1.25x faster without it (noise ±2%)",
+    )
+    assert removal_verdict("resident", row("sdpa", step_s=0.012), final) == (
+        False,
+        "resident stays: 1.20x faster than without it at a 12 ms step (noise ±2%)",
+    )
+    assert removal_verdict("resident", row("sdpa", step_s=0.0101), final) == (
+        False,
+        "resident stays (from the greedy pass): not shown to help at a 10.1 ms step now "
+        "(1.01x, noise ±2%)",
+    )
+
+
+def test_cost_and_throughput_verdicts() -> None:
+    without = row("sdpa", step_s=0.010, tokens_per_s=1000.0)
+    ckpt = row("sdpa + checkpoint", step_s=0.0135, tokens_per_s=740.0)
+    assert cost_verdict(ckpt, without, "checkpointing") == (
+        "with checkpointing the step took 1.35x as long at a 10 ms step (noise ±2%)"
+    )
+    same = row("sdpa + checkpoint", step_s=0.0101)
+    assert cost_verdict(same, without, "checkpointing").startswith("no cost of checkpointing shown")
+    bigger = row("sdpa + checkpoint", step_s=0.04, tokens_per_s=1200.0)
+    verdict = throughput_verdict(bigger, without, "batch 16", "batch 4")
+    assert str(verdict) == "here, batch 16 was 1.20x more tokens/s than batch 4"
+    assert verdict.ratio == pytest.approx(1.2) and verdict.conclusive
+
+
+def test_math_change_and_changed_lever() -> None:
+    assert math_change("sdpa", Levers(sdpa=True)) == ""
+    assert math_change("resident", Levers(amp=True, resident=True)) == ""
+    assert math_change("fused_adamw", Levers(amp=True, fused_adamw=True)) == ""
+    assert math_change("amp", Levers(amp=True)) == "rounding changed by amp on purpose"
+    assert math_change("compile", Levers(amp=True, compile=True)).startswith(
+        "compile rounds the amp sums in another order"
+    )
+    assert math_change("graphs", Levers(amp=True, compile=True, graphs=True)) == ""
+    assert changed_lever(Levers(sdpa=True), Levers()) == "sdpa"
+    with pytest.raises(ValueError, match="not by one lever"):
+        changed_lever(Levers(sdpa=True, amp=True), Levers())
+
+
+#: step_s each configuration "measures" in the LeverSearch tests: sdpa helps at once; resident
+#: and fused_adamw only once the others are on, which the greedy order cannot see.
+STEP_S = {
+    "baseline": 0.010,
+    "resident": 0.0099,
+    "sdpa": 0.008,
+    "fused_adamw": 0.0098,
+    "sdpa + fused_adamw": 0.0079,
+    "resident + sdpa": 0.006,
+    "resident + fused_adamw": 0.009,
+    "resident + sdpa + fused_adamw": 0.004,
+}
 
 
 def scripted_measure(trainer: Trainer) -> LeverRow:
-    """A stand-in for measure_trainer: the step time from STEP_S, the first interval's losses."""
-    losses = trainer.run()
+    """A stand-in for measure_trainer: the step time from STEP_S, the real first losses."""
+    losses = trainer.losses(4)
     label = trainer.levers.label()
     return row(label, step_s=STEP_S[label], spread=0.01, first_losses=losses)
 
@@ -291,25 +453,129 @@ def scripted_measure(trainer: Trainer) -> LeverRow:
 def test_lever_search_keeps_only_what_is_faster(capsys: pytest.CaptureFixture[str]) -> None:
     search = LeverSearch(make_trainer, scripted_measure)
     assert search.best.kept == "the baseline" and search.current == Levers()
+    resident = search.try_lever("resident")
+    assert resident.kept.startswith("dropped: not shown to help at a 10 ms step")
     sdpa = search.try_lever("sdpa")
     assert sdpa.kept.startswith("kept: 1.25x") and search.current == Levers(sdpa=True)
     assert sdpa.parent_losses == search.rows[0].first_losses and sdpa.speedup == 1.25
+    assert sdpa.parent == Levers() and sdpa.levers == Levers(sdpa=True)
     fused = search.try_lever("fused_adamw")
     assert fused.kept.startswith("dropped: ") and search.current == Levers(sdpa=True)
     assert fused.parent_losses == sdpa.first_losses
     assert search.try_lever("tf32") is None  # not on a CPU
-    resident = search.try_lever("resident")
-    assert resident.label == "resident + sdpa" and search.best is resident
+    assert search.try_lever("graphs") is None
     assert [r["levers"] for r in search.table()] == [
         "baseline",
+        "resident",
         "sdpa",
         "sdpa + fused_adamw",
-        "resident + sdpa",
     ]
     out = capsys.readouterr().out
-    assert "sdpa: kept: 1.25x faster than without it (noise ±2%); now 1.25x the baseline" in out
+    assert "sdpa: kept: 1.25x faster than without it at a 10 ms step (noise ±2%); now 1.25x" in out
     assert "tf32: skipped here: TF32 needs an NVIDIA GPU" in out
-    assert "resident: kept: 1.33x faster" in out and "now 1.67x the baseline" in out
+    assert "graphs: skipped here: CUDA graphs need a CUDA or ROCm GPU and this is cpu" in out
+    # each row's losses were checked against its parent's, against the parent's noise floor
+    for r in search.rows[1:]:
+        assert r.check.checked and r.check.passed and len(r.check.gaps) == 4
+    assert set(search.floors) == {Levers(), Levers(sdpa=True)}
+    assert set(search.trainers) == {Levers(), Levers(sdpa=True)}  # the others were dropped
+
+
+def test_the_ablation_finds_what_the_greedy_order_hid(capsys: pytest.CaptureFixture[str]) -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+    for name in ("resident", "sdpa", "fused_adamw"):
+        search.try_lever(name)
+    assert search.current == Levers(sdpa=True)
+    assert search.ablate(("resident", "sdpa", "fused_adamw")) is True
+    assert search.current == Levers(resident=True, sdpa=True, fused_adamw=True)
+    finals = [r for r in search.ablation if r.parent is None]
+    assert [r.label for r in finals] == [
+        "sdpa",
+        "resident + sdpa",
+        "resident + sdpa + fused_adamw",
+    ]
+    assert search.final_row is finals[-1]
+    table = search.ablation_table()
+    assert table[0]["change"] == "(final)" and table[1]["change"] == "+ resident"
+    assert table[2]["change"] == "- sdpa"
+    assert table[2]["kept?"].startswith("sdpa stays: 1.25x faster than without it")
+    assert table[3]["kept?"].startswith("dropped: not shown to help at a 8 ms step")
+    out = capsys.readouterr().out
+    assert "ablation pass 1: resident + sdpa beats the final, 1.33x" in out
+    assert "ablation pass 3: no lever switched on or off beats the final" in out
+    for r in search.ablation:
+        assert r.parent is None or r.check.passed
+    assert (
+        search.final_verdict()
+        == "here, resident + sdpa + fused_adamw was 2.50x faster than baseline"
+    )
+
+
+def test_the_ablation_removes_a_lever_that_now_slows_the_step() -> None:
+    steps = dict(STEP_S, **{"resident + sdpa": 0.0085})
+
+    def scripted(t: Trainer) -> LeverRow:
+        return row(t.levers.label(), step_s=steps[t.levers.label()], first_losses=t.losses(2))
+
+    search = LeverSearch(make_trainer, scripted)
+    search.current = Levers(resident=True, sdpa=True)  # as if the greedy pass had kept both
+    search.best = search.measured(search.current)
+    assert search.ablate(("resident",), max_passes=1) is False  # changed, and out of passes
+    assert search.current == Levers(sdpa=True)
+    assert search.ablation[1].kept == "resident removed: 1.06x faster without it (noise ±2%)"
+
+
+def test_side_rows_and_measured_references() -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+    search.try_lever("sdpa")
+    ref = search.measured(Levers(sdpa=True))
+    assert ref is search.best  # measured already: not measured again
+    new = search.measured(Levers(resident=True))
+    assert new.kept == "measured as a reference" and new in search.side
+    side, error = search.side_row(Levers(resident=True, sdpa=True), search.best)
+    assert error == "" and side.kept.startswith("kept: 1.33x") and side.check.passed
+    assert search.current == Levers(sdpa=True)  # a side row changes nothing
+    removed, _ = search.side_row(Levers(), search.best)
+    assert removed.kept.startswith("sdpa stays: 1.25x")
+
+
+def test_a_side_row_or_a_switch_that_fails_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    def measure(trainer: Trainer) -> LeverRow:
+        if trainer.levers.resident:
+            raise RuntimeError("out of memory")
+        return scripted_measure(trainer)
+
+    search = LeverSearch(make_trainer, measure)
+    search.try_lever("sdpa")
+    assert search.side_row(Levers(resident=True, sdpa=True), search.best) == (
+        None,
+        "RuntimeError: out of memory",
+    )
+    assert search.ablate(("resident",)) is True
+    assert "  resident + sdpa: failed here: RuntimeError: out of memory" in capsys.readouterr().out
+
+
+def test_the_final_verdict_when_nothing_helped() -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+    assert search.final_verdict() == (
+        "nothing beat the baseline here: the final configuration is the baseline"
+    )
+    with pytest.raises(ValueError, match="was not measured"):
+        search.floor(Levers(amp=True))
+    with pytest.raises(ValueError, match="no parent configuration"):
+        search.same_math(search.baseline)
+
+
+def test_a_check_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+
+    def broken(levers: Levers) -> None:
+        raise RuntimeError("no memory left for the rerun")
+
+    monkeypatch.setattr(search, "floor", broken)
+    sdpa = search.try_lever("sdpa")
+    assert sdpa.check.gaps == [] and sdpa.check.passed
+    assert sdpa.check.note == "not checked: RuntimeError: no memory left for the rerun"
 
 
 def test_lever_search_drops_a_lever_that_raises(
@@ -317,7 +583,7 @@ def test_lever_search_drops_a_lever_that_raises(
 ) -> None:
     """torch.compile without a C++ compiler fails at the first call: the lever is dropped."""
 
-    def no_compiler(model: torch.nn.Module) -> object:
+    def no_compiler(model: torch.nn.Module, **options: object) -> object:
         def call(*args: object) -> None:
             raise RuntimeError("InductorError: CppCompileError: C++ compile error\ndetails")
 
@@ -331,6 +597,9 @@ def test_lever_search_drops_a_lever_that_raises(
         "compile: dropped, it failed here: RuntimeError: InductorError: CppCompileError: "
         "C++ compile error\n" in capsys.readouterr().out
     )
+    search.current = Levers(compile=True)  # the final configuration itself fails to run again
+    with pytest.raises(RuntimeError, match="failed to run again"):
+        search.ablate(("sdpa",))
 
 
 def test_same_losses_returns_the_gap_or_raises() -> None:
@@ -429,14 +698,14 @@ def test_a100_40gb_gets_the_big_size(fake_gpu) -> None:  # noqa: ANN001
     assert sizes("cuda") == SIZES["a100"]
 
 
-#: kind -> {lever: available?} (amp and fused_adamw with their probes stubbed, see below).
+#: kind -> {lever: available?} (amp and fused_adamw with their probes stubbed, torchao present).
 AVAILABLE = {
-    "h100_sxm": {"amp": True, "tf32": True, "compile": True},
-    "a100": {"amp": True, "tf32": True, "compile": True},
-    "rtx4090": {"amp": True, "tf32": True, "compile": True},
-    "t4": {"amp": True, "tf32": False, "compile": True},
-    "mi300x": {"amp": True, "tf32": False, "compile": True},
-    "mps": {"amp": True, "tf32": False, "compile": False},
+    "h100_sxm": {"amp": True, "tf32": True, "compile": True, "graphs": True, "fp8": True},
+    "a100": {"amp": True, "tf32": True, "compile": True, "graphs": True, "fp8": False},
+    "rtx4090": {"amp": True, "tf32": True, "compile": True, "graphs": True, "fp8": True},
+    "t4": {"amp": True, "tf32": False, "compile": True, "graphs": True, "fp8": False},
+    "mi300x": {"amp": True, "tf32": False, "compile": True, "graphs": True, "fp8": False},
+    "mps": {"amp": True, "tf32": False, "compile": False, "graphs": False, "fp8": False},
 }
 
 
@@ -447,6 +716,7 @@ def stub_kernel_probes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(amp_choice, "check_autocast", lambda d, t: probed.append("amp") or t)
     monkeypatch.setattr(amp_choice, "grad_scaler_works", lambda d: True)
     monkeypatch.setattr(capstone, "best_adam_impl", lambda d: probed.append("adam") or "fused")
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
     return probed
 
 
@@ -533,3 +803,148 @@ def test_measure_trainer_reads_the_gpus_peak(fake_gpu, kind: str) -> None:  # no
         assert r.peak_mib == 64.0
     assert r.mfu == pytest.approx(r.tokens_per_s * 1e6 / 1e15)
     assert r.mfu_achievable is None
+
+
+def test_graphs_and_fp8_reasons(fake_gpu, stub_kernel_probes: list[str]) -> None:  # noqa: ANN001
+    assert lever_available("graphs", "cpu") == (
+        False,
+        "CUDA graphs need a CUDA or ROCm GPU and this is cpu",
+    )
+    fake_gpu("mps")
+    assert lever_available("graphs", "mps")[1].startswith("torch.compile on MPS is still early")
+    fake_gpu("a100")
+    assert lever_available("fp8", "cuda")[1].endswith("FP8 tensor cores start at 8.9 (Ada, Hopper)")
+
+
+# --------------------------------------------------------------------------- restart, graphs, fp8
+
+
+def test_restart_reproduces_the_run_and_a_nudge_moves_each_weight_one_ulp() -> None:
+    trainer = make_trainer(Levers(sdpa=True, fused_adamw=True))
+    first = trainer.losses(4)
+    assert trainer.optimizer.state and trainer.step_count == 4
+    trainer.restart()
+    assert not trainer.optimizer.state and trainer.step_count == 0
+    assert trainer.losses(4) == first
+    trainer.restart(nudge=True)
+    for p, p0 in zip(trainer.params, trainer.initial):
+        assert torch.equal(p, torch.nextafter(p0, torch.full_like(p0, math.inf)))
+        assert torch.all(p > p0)
+    nudged = trainer.losses(4)
+    assert max(abs(a - b) for a, b in zip(nudged, first)) < 1e-5
+
+
+def test_restart_renews_the_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> None:
+    fp16 = AmpChoice(torch.float16, True, "fp16 for the test")
+    monkeypatch.setattr(capstone, "amp_for_device", lambda device: fp16)
+    trainer = make_trainer(Levers(amp=True))
+    old = trainer.scaler
+    trainer.run()
+    trainer.restart()
+    assert trainer.scaler is not old and trainer.scaler.get_scale() == old._init_scale
+
+
+def test_measure_trainer_records_the_check_steps() -> None:
+    r = measure_trainer(make_trainer(Levers(resident=True)), min_run_time=0.01, check_steps=5)
+    assert len(r.first_losses) == 5 and r.levers == Levers(resident=True)
+    assert r.first_losses == make_trainer(Levers(resident=True)).losses(5)
+    assert r.machine is not None and r.compile_cache == ""
+
+
+@pytest.mark.parametrize(
+    ("levers", "expected"),
+    [
+        (Levers(), None),
+        (Levers(compile=True), {}),
+        (Levers(compile=True, graphs=True), {"mode": "reduce-overhead"}),
+        (Levers(graphs=True), {"backend": "cudagraphs"}),
+    ],
+)
+def test_compile_model_picks_the_mode(
+    monkeypatch: pytest.MonkeyPatch, levers: Levers, expected: dict | None
+) -> None:
+    calls: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    model = make_gpt(TINY)
+    assert compile_model(model, levers) is model
+    assert calls == ([] if expected is None else [expected])
+
+
+def test_the_graphs_lever_marks_each_step_and_copies_the_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA branch of Trainer.step, run on the CPU: compile stubbed, the marks counted."""
+    marks: list[int] = []
+    monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    trainer = make_trainer(Levers(resident=True, graphs=True))
+    assert trainer.run() == make_trainer(Levers(resident=True)).run()
+    assert len(marks) == trainer.interval
+
+
+def test_the_fp8_lever_converts_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 branch of the Trainer, on the CPU: emulated there, native on a GPU."""
+    converted: list[tuple[object, bool]] = []
+    monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
+    monkeypatch.setattr(
+        capstone, "convert_fp8", lambda model, emulate: converted.append((model, emulate))
+    )
+    trainer = make_trainer(Levers(fp8=True))
+    assert converted == [(trainer.model, True)]
+    assert math_change("fp8", trainer.levers) == "rounding changed by fp8 on purpose"
+
+
+# --------------------------------------------------------------------------- the public recipe
+
+
+def test_the_public_recipe_figure_is_the_audits() -> None:
+    assert (NANOGPT_H100.tokens_per_s, NANOGPT_H100.mfu) == (572_379, 0.362)
+    assert NANOGPT_H100.shape == (12, 12, 768, 1024, 16, 256)
+    text = str(NANOGPT_H100)
+    assert text.startswith("572,379 tokens/s, 36.2% MFU") and "2026-11-26" in text
+
+
+BIG = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024)
+
+
+def test_recipe_ratio_on_an_h100_at_its_shape(fake_gpu) -> None:  # noqa: ANN001
+    fake_gpu("h100_sxm")
+    assert recipe_ratio("cuda", BIG, 16, 629_617) == (
+        "final vs the public recipe: 1.10x (629,617 vs 572,379 tokens/s)"
+    )
+    other = recipe_ratio("cuda", BIG, 32, 629_617)
+    assert other.startswith("the public recipe's figure does not apply here: it was measured at")
+
+
+def test_recipe_ratio_elsewhere(fake_gpu) -> None:  # noqa: ANN001
+    assert recipe_ratio("cpu", BIG, 16, 1.0).endswith("this is cpu")
+    fake_gpu("a100")
+    assert recipe_ratio("cuda", BIG, 16, 1.0).endswith("this is NVIDIA A100-SXM4-80GB")
+    fake_gpu("h100_sxm", name="NVIDIA H200")
+    assert recipe_ratio("cuda", BIG, 16, 572_379).endswith("other memory: indicative)")
+
+
+# --------------------------------------------------------------------------- compile caches
+
+
+def test_a_fresh_compile_cache_is_cold_until_something_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("USER", "someone")
+    assert inductor_cache_dir().name == "torchinductor_someone"
+    path = use_fresh_compile_cache()
+    try:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path) == str(inductor_cache_dir())
+        assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+        assert compile_cache_state() == "cold"
+        (path / "fxgraph").mkdir()
+        assert compile_cache_state() == "cold"  # folders alone are no cache
+        (path / "fxgraph" / "entry").write_text("x")
+        assert compile_cache_state() == "warm"
+    finally:
+        for f in sorted(Path(path).rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+        path.rmdir()

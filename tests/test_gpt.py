@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.gpt import (
     GPTConfig,
+    decay_groups,
     flops_per_token,
     make_gpt,
     manual_attention,
@@ -161,6 +162,21 @@ def test_flops_per_token_within_10_percent_of_the_counted_flops(cfg: GPTConfig) 
     assert flops_per_token(model) == pytest.approx(counted, rel=0.10)
     n, t, d = cfg.n_layer, cfg.seq_len, cfg.d_model
     assert flops_per_token(model) == 6 * non_embedding_params(model) + 12 * n * t * d
+
+
+def test_decay_groups_as_gpt2_is_trained() -> None:
+    """Weight decay on matrices and embeddings (the tied head counted once), none on 1-D tensors."""
+    model = make_gpt(TWO)
+    decay, rest = decay_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}  # the tied weight is listed once
+    assert sorted(names[id(p)] for p in decay["params"])[:2] == [
+        "blocks.0.attn.proj.weight",
+        "blocks.0.attn.qkv.weight",
+    ]
+    assert "wte.weight" in {names[id(p)] for p in decay["params"]}
+    assert all(p.dim() == 1 for p in rest["params"])
+    assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
 
 
 # --------------------------------------------------------------------------- the text

@@ -1,9 +1,11 @@
 """The capstone GPT with DDP: one rank alone, then every rank on its share of each batch (chapter 7).
 
-Rank 0 first trains the model alone on the whole global batch (the reference; the other ranks
-wait), then every rank trains a fresh copy of the same model under DDP on its slice of the same
-batches. DDP averages the gradients, so the losses and the final weights must equal the
-reference's: the same math on more processes. Both runs are timed after `--warmup` steps.
+It trains as the chapter does (helpers.capstone.regime_for: AdamW as GPT-2 is trained, warm-up
+then cosine decay, gradient norm clipped). Rank 0 first trains the model alone on the whole
+global batch (the reference; the other ranks wait), then every rank trains a fresh copy of the
+same model under DDP on its slice of the same batches. DDP averages the gradients, so every
+rank clips the same norm, and the losses and the final weights must equal the reference's: the
+same math on more processes. Both runs are timed after `--warmup` steps.
 
     torchrun --standalone --nproc-per-node=2 capstone_ddp.py --out /tmp/capstone
 """
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.capstone import batch_starts
+from helpers.capstone import batch_starts, make_optimizer, regime_for, set_lr
 from helpers.gpt import GPTConfig, make_gpt, text_bytes
 from helpers.scripts.common import (
     Context,
@@ -40,7 +42,8 @@ def train(ctx: Context, args, rows: slice, ddp: bool) -> dict:  # noqa: ANN001 -
     model = make_gpt(cfg, seed=args.seed, device=ctx.device)
     if ddp:
         model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    regime = regime_for(cfg)  # the chapter's: AdamW as GPT-2, warm-up and decay, clipping
+    opt = make_optimizer(model, regime)
     losses = []
     for step in range(args.steps):
         if step == args.warmup:  # start the clock once every rank is warm
@@ -50,8 +53,12 @@ def train(ctx: Context, args, rows: slice, ddp: bool) -> dict:  # noqa: ANN001 -
             start = time.perf_counter()
         windows = tokens[starts[step, :, None] + offsets]
         loss = model(windows[:, :-1], windows[:, 1:])
+        set_lr(opt, regime, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # under DDP: gradients averaged over the ranks here
+        torch.nn.utils.clip_grad_norm_(
+            model.parameters(), regime.clip
+        )  # the same norm on every rank
         opt.step()
         losses.append(loss.detach())
     curve = torch.stack(losses)  # one sync per run, not per step
@@ -74,7 +81,6 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args()
     ctx = setup(args.pg_timeout)
     if args.global_batch % ctx.world_size:

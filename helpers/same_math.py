@@ -1,0 +1,187 @@
+"""Same math, judged against the device's own noise: two loss curves compared step by step (chapter 7).
+
+Two runs of one configuration, from the same weights on the same batches, differ only by what
+the device does not repeat exactly (atomic additions in a GPU's backward kernels, say). A run
+whose every initial weight was moved one ulp (the next float32 up) differs by fp32's own
+rounding, carried through training. Step by step, the larger of the two gaps (and never less
+than one ulp of the loss, the smallest difference a float32 loss can show) is the **noise
+floor** of that configuration on this device.
+
+A lever that computes the same math (the same kernels fed differently, or the same sums
+added in another order) stays within a small multiple of that floor at every step; a change
+of the math goes well past it (this chapter's CPU GPT on the course's CI machine, 2026-11-27: a
+learning rate 0.1% larger, 40x the floor at step 2 and over 1,000x by step 20; bf16 autocast,
+60-1,000x).
+The multiple is ``SAME_MATH_FACTOR`` = 64 = 2^6: half-way, in powers of two, between fp32's
+rounding (unit roundoff 2^-24, what the floor measures) and TF32's, the next coarser format a
+lever uses (2^-11, 2^13 times coarser).
+
+This needs a training run whose small differences do not explode: with warm-up, a GPT-2-like
+learning rate and gradient clipping (helpers.capstone.Regime), a one-ulp nudge stays at the
+loss's ulp for dozens of steps; without them (the course's H100 run of 2026-11-26, lr 1e-3
+from step 1) the loss spiked to 8.7 in 4 steps and ulp-level differences grew to 3e-3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from helpers.units import Printed
+
+#: How many times its noise floor a lever's loss gap may reach and still count as the same
+#: math: 2^6, half-way (in powers of two) between fp32's unit roundoff and TF32's (2^13 apart).
+SAME_MATH_FACTOR = 64.0
+
+
+def loss_ulp(loss: float) -> float:
+    """The gap between `loss` as a float32 and the next float32 up: the finest a loss can differ (chapter 7)."""
+    x = torch.tensor(loss, dtype=torch.float32)
+    return float(torch.nextafter(x, torch.tensor(math.inf)) - x)
+
+
+def loss_gaps(a: list[float], b: list[float]) -> list[float]:
+    """|a - b| step by step; a clear error when the curves have different lengths (chapter 7)."""
+    if len(a) != len(b):
+        raise ValueError(
+            f"The loss curves have {len(a)} and {len(b)} steps: compare runs of the same length."
+        )
+    return [abs(x - y) for x, y in zip(a, b)]
+
+
+@dataclass(repr=False)
+class NoiseFloor(Printed):
+    """A configuration's noise floor per step: a rerun's gap, a one-ulp nudge's gap, the loss's ulp (chapter 7)."""
+
+    label: str
+    losses: list[float]
+    rerun: list[float]
+    nudged: list[float]
+
+    @property
+    def steps(self) -> int:
+        """How many steps the floor covers (chapter 7)."""
+        return len(self.losses)
+
+    @property
+    def per_step(self) -> list[float]:
+        """The floor at each step: the largest of the three so far (a gap does not shrink for long) (chapter 7)."""
+        floor, out = 0.0, []
+        for loss, r, n in zip(self.losses, self.rerun, self.nudged):
+            floor = max(floor, r, n, loss_ulp(loss))
+            out.append(floor)
+        return out
+
+    def __str__(self) -> str:
+        return (
+            f"noise floor of {self.label} over {self.steps} steps: a rerun differs by up to "
+            f"{max(self.rerun, default=0):.1e}, weights one ulp up by up to "
+            f"{max(self.nudged, default=0):.1e} (the loss's own ulp: "
+            f"{loss_ulp(max(self.losses, default=0)):.1e})"
+        )
+
+
+def noise_floor(
+    label: str, losses: list[float], rerun: list[float], nudged: list[float]
+) -> NoiseFloor:
+    """The NoiseFloor of a run from its losses, a rerun's and a one-ulp-nudged run's (chapter 7)."""
+    rerun_gaps, nudged_gaps = loss_gaps(rerun, losses), loss_gaps(nudged, losses)
+    if not losses or not all(map(math.isfinite, losses + rerun + nudged)):
+        raise ValueError(
+            f"The runs of {label} must give finite losses for at least one step: a run "
+            "that diverged has no noise floor."
+        )
+    return NoiseFloor(label, list(losses), rerun_gaps, nudged_gaps)
+
+
+@dataclass(repr=False)
+class SameMath(Printed):
+    """Two loss curves compared step by step, against a noise floor, or why they were not (chapter 7)."""
+
+    label: str
+    gaps: list[float]
+    floor: list[float] | None = None  # None: not checked (a change of rounding on purpose)
+    note: str = ""
+    factor: float = SAME_MATH_FACTOR
+    steps_shown: int = field(default=16)
+
+    @property
+    def checked(self) -> bool:
+        """Whether the gaps were held against a tolerance (chapter 7)."""
+        return self.floor is not None
+
+    @property
+    def tolerance(self) -> list[float]:
+        """The largest gap allowed at each step: factor x the noise floor (chapter 7)."""
+        return [self.factor * f for f in self.floor or []]
+
+    @property
+    def passed(self) -> bool:
+        """Every step within its tolerance (True when not checked) (chapter 7)."""
+        return all(g <= t for g, t in zip(self.gaps, self.tolerance))
+
+    @property
+    def worst(self) -> tuple[int, float]:
+        """(1-based step, gap / tolerance) of the step closest to failing (chapter 7)."""
+        ratios = [g / t for g, t in zip(self.gaps, self.tolerance)] or [0.0]
+        step = max(range(len(ratios)), key=ratios.__getitem__)
+        return step + 1, ratios[step]
+
+    def verdict(self) -> str:
+        """One line: same math or not, over how many steps, and by how much (chapter 7)."""
+        n, largest = len(self.gaps), max(self.gaps, default=0.0)
+        if not self.checked:
+            return (
+                f"{self.label}: {self.note}; largest gap over {n} steps {largest:.1e} (not checked)"
+            )
+        step, ratio = self.worst
+        if self.passed:
+            return (
+                f"{self.label}: same math over {n} steps (largest gap {largest:.1e}; at its "
+                f"closest, step {step}, {ratio:.2g}x of the tolerance, {self.factor:g} x the "
+                "noise floor)"
+            )
+        return (
+            f"{self.label}: DIFFERENT: at step {step} the gap is {ratio:.3g}x the tolerance "
+            f"({self.factor:g} x the noise floor); {self.note or 'the math changed'}"
+        )
+
+    def __str__(self) -> str:
+        rows = [("gap", self.gaps)] + ([("tolerance", self.tolerance)] if self.checked else [])
+        shown = min(len(self.gaps), self.steps_shown)
+        lines = [
+            self.verdict(),
+            "  step       " + " ".join(f"{i:>7d}" for i in range(1, shown + 1)),
+        ]
+        for name, values in rows:
+            lines.append(f"  {name:<10s} " + " ".join(f"{v:7.1e}" for v in values[:shown]))
+        if len(self.gaps) > shown:
+            lines.append(f"  ... {len(self.gaps) - shown} more steps")
+        return "\n".join(lines)
+
+    def check(self) -> SameMath:
+        """Raise AssertionError (with the per-step table) unless passed; return self (chapter 7)."""
+        if not self.passed:
+            raise AssertionError(str(self))
+        return self
+
+
+def same_math(
+    label: str,
+    losses: list[float],
+    reference: list[float],
+    floor: NoiseFloor | None,
+    note: str = "",
+) -> SameMath:
+    """`losses` against `reference` step by step, held to factor x `floor` (None: printed only) (chapter 7)."""
+    gaps = loss_gaps(losses, reference)
+    if floor is None:
+        return SameMath(label, gaps, None, note)
+    if floor.steps < len(gaps):
+        raise ValueError(
+            f"The noise floor covers {floor.steps} steps and the curves {len(gaps)}: "
+            "measure the floor over at least as many steps as you compare."
+        )
+    return SameMath(label, gaps, floor.per_step[: len(gaps)], note)

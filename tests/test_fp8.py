@@ -1,0 +1,174 @@
+"""helpers.fp8: where FP8 training can run, converting a model, FP8 peaks (chapter 7).
+
+The device branches run through the fake GPU (tests/fake_gpu.py). torchao is optional: the
+tests stub its presence and its module; one test trains a converted GPT for real, emulated
+on the CPU, where torchao is installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import fp8
+from helpers.fp8 import (
+    FP8_DENSE_TFLOPS,
+    INSTALL_HINT,
+    convert_fp8,
+    fp8_available,
+    fp8_hardware,
+    fp8_layer_filter,
+    fp8_layers,
+    fp8_peak,
+    torchao_version,
+)
+from helpers.gpt import GPTConfig, make_gpt
+from helpers.peaks import _PEAK_TABLE, peak_row
+
+#: kind -> FP8 tensor cores? (compute capability 8.9+ on NVIDIA)
+HARDWARE = {
+    "h100_sxm": True,  # 9.0
+    "rtx4090": True,  # 8.9
+    "a100": False,  # 8.0
+    "t4": False,  # 7.5
+    "mi300x": False,  # ROCm
+    "mps": False,
+}
+
+
+@pytest.mark.parametrize("kind", list(HARDWARE))
+def test_fp8_only_on_nvidia_8_9_and_later(fake_gpu, kind: str) -> None:  # noqa: ANN001
+    gpu = fake_gpu(kind)
+    ok, why = fp8_hardware(gpu.device)
+    assert ok is HARDWARE[kind], why
+    if kind == "a100":
+        assert why == (
+            "NVIDIA A100-SXM4-80GB is compute capability 8.0: FP8 tensor cores start at 8.9 "
+            "(Ada, Hopper)"
+        )
+    elif kind == "mi300x":
+        assert "NVIDIA GPUs only" in why
+    elif kind == "mps":
+        assert why.endswith("this is mps")
+    else:
+        assert ok or "compute capability" in why
+
+
+def test_no_fp8_on_a_cpu() -> None:
+    ok, why = fp8_available("cpu")
+    assert not ok and why.startswith("FP8 matmuls need an NVIDIA GPU") and why.endswith("cpu")
+
+
+def test_fp8_needs_torchao_too(fake_gpu, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    fake_gpu("h100_sxm")
+    monkeypatch.setattr(fp8, "torchao_version", lambda: None)
+    assert fp8_available("cuda") == (False, f"torchao is not installed: {INSTALL_HINT}")
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
+    assert fp8_available("cuda") == (True, "")
+
+
+def test_torchao_version_reads_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fp8.importlib.util, "find_spec", lambda name: None)
+    assert torchao_version() is None
+    monkeypatch.setattr(fp8.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(fp8.importlib.metadata, "version", lambda name: "0.18.0")
+    assert torchao_version() == "0.18.0"
+
+    def missing(name: str) -> str:
+        raise fp8.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(fp8.importlib.metadata, "version", missing)
+    assert torchao_version() == "unknown"
+
+
+def test_layer_filter_skips_the_tied_head_and_odd_sizes() -> None:
+    assert fp8_layer_filter(nn.Linear(64, 192), "blocks.0.attn.qkv")
+    assert not fp8_layer_filter(nn.Linear(64, 256), "head")  # tied to the embedding
+    assert not fp8_layer_filter(nn.Linear(60, 64), "x")  # FP8 matmuls need multiples of 16
+    assert not fp8_layer_filter(nn.LayerNorm(64), "ln_f")
+
+
+@pytest.fixture
+def fake_torchao(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """A stand-in torchao.float8 that records its calls and swaps nothing."""
+    calls: list[dict] = []
+    float8 = types.ModuleType("torchao.float8")
+
+    class Float8LinearConfig:
+        def __init__(self, emulate: bool = False) -> None:
+            self.emulate = emulate
+
+    def convert_to_float8_training(module, *, module_filter_fn, config):  # noqa: ANN001, ANN202
+        calls.append({"module": module, "filter": module_filter_fn, "emulate": config.emulate})
+        return module
+
+    float8.Float8LinearConfig = Float8LinearConfig
+    float8.convert_to_float8_training = convert_to_float8_training
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", float8)
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
+    return calls
+
+
+def test_convert_fp8_calls_torchao_with_the_filter(fake_torchao: list[dict]) -> None:
+    model = nn.Sequential(nn.Linear(16, 16))
+    assert convert_fp8(model, emulate=True) is model
+    assert fake_torchao == [{"module": model, "filter": fp8_layer_filter, "emulate": True}]
+    convert_fp8(model)
+    assert fake_torchao[-1]["emulate"] is False
+
+
+def test_convert_fp8_without_torchao_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fp8, "torchao_version", lambda: None)
+    with pytest.raises(ModuleNotFoundError, match="pip install 'torchao>=0.14,<0.19'"):
+        convert_fp8(nn.Linear(16, 16))
+
+
+def test_a_gpt_trains_in_emulated_fp8_where_torchao_is_installed() -> None:
+    pytest.importorskip("torchao.float8")
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=16)
+    model = make_gpt(cfg)
+    params = [id(p) for p in model.parameters()]
+    convert_fp8(model, emulate=True)
+    assert fp8_layers(model) == 4  # qkv, proj, and the MLP's two; not the head
+    assert [id(p) for p in model.parameters()] == params  # the optimizer's tensors stay
+    idx = torch.randint(0, 256, (2, 16))
+    model(idx, idx).backward()
+    assert model.blocks[0].mlp[0].weight.grad is not None
+
+
+def test_fp8_layers_counts_by_class_name() -> None:
+    Float8Linear = type("Float8Linear", (nn.Linear,), {})
+    model = nn.Sequential(Float8Linear(16, 16), nn.Linear(16, 16))
+    assert fp8_layers(model) == 1
+
+
+def test_fp8_table_keys_are_rows_of_the_peak_table() -> None:
+    patterns = {row.pattern for row in _PEAK_TABLE}
+    assert set(FP8_DENSE_TFLOPS) <= patterns
+    for row in _PEAK_TABLE:  # twice bf16 (the L40S datasheet's own figures are 1.2% apart)
+        if row.pattern in FP8_DENSE_TFLOPS and "bf16" in row.tflops:
+            assert FP8_DENSE_TFLOPS[row.pattern] == pytest.approx(2 * row.tflops["bf16"], rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("kind", "tflops"), [("h100_sxm", 1979.0), ("rtx4090", 330.3), ("a100", None), ("t4", None)]
+)
+def test_fp8_peak(fake_gpu, kind: str, tflops: float | None) -> None:  # noqa: ANN001
+    gpu = fake_gpu(kind)
+    peak = fp8_peak(gpu.device)
+    if tflops is None:
+        assert peak is None
+    else:
+        assert peak.flops == tflops * 1e12 and not peak.measured
+        assert peak.source == f"datasheet dense FP8 peak of {gpu.spec.name}"
+
+
+def test_fp8_peak_of_an_unknown_gpu_or_a_cpu(fake_gpu) -> None:  # noqa: ANN001
+    assert fp8_peak("cpu") is None
+    fake_gpu("h100_sxm", name="NVIDIA Mystery GPU")
+    assert peak_row("NVIDIA Mystery GPU") is None and fp8_peak("cuda") is None

@@ -1,0 +1,102 @@
+"""helpers.same_math: loss curves compared step by step against a noise floor (chapter 7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers.same_math import (
+    SAME_MATH_FACTOR,
+    NoiseFloor,
+    SameMath,
+    loss_gaps,
+    loss_ulp,
+    noise_floor,
+    same_math,
+)
+
+
+def test_loss_ulp_is_float32_spacing() -> None:
+    assert loss_ulp(1.0) == 2**-23
+    assert loss_ulp(5.5) == 2**-21  # in [4, 8): 4 x 2^-23
+    assert loss_ulp(3.9) == 2**-22
+    assert loss_ulp(0.0) > 0  # the smallest subnormal: still a floor above zero
+
+
+def test_loss_gaps_and_length_mismatch() -> None:
+    assert loss_gaps([1.0, 2.5], [1.5, 2.0]) == [0.5, 0.5]
+    with pytest.raises(ValueError, match="2 and 3 steps"):
+        loss_gaps([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_noise_floor_is_the_running_max_of_rerun_nudge_and_ulp() -> None:
+    losses = [5.5, 5.0, 4.0, 3.9]
+    rerun = [5.5, 5.0, 4.0 + 1e-5, 3.9]
+    nudged = [5.5, 5.0 + 4e-6, 4.0, 3.9]
+    floor = noise_floor("base", losses, rerun, nudged)
+    assert isinstance(floor, NoiseFloor) and floor.steps == 4
+    ulp = loss_ulp(5.5)
+    assert floor.per_step[0] == ulp  # both gaps 0: the loss's own ulp
+    assert floor.per_step[1] == pytest.approx(4e-6, rel=1e-3)
+    assert floor.per_step[2] == pytest.approx(1e-5, rel=1e-3)
+    assert floor.per_step[3] == floor.per_step[2]  # a floor does not fall back
+    text = str(floor)
+    assert (
+        text.startswith("noise floor of base over 4 steps")
+        and "rerun differs by up to 1.0e-05" in text
+    )
+
+
+def test_noise_floor_refuses_a_diverged_run() -> None:
+    with pytest.raises(ValueError, match="finite losses"):
+        noise_floor("x", [1.0, math.nan], [1.0, 1.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="finite losses"):
+        noise_floor("x", [], [], [])
+
+
+def floor_of(losses: list[float]) -> NoiseFloor:
+    """A floor whose rerun and nudge are exact: the loss's ulp at each step."""
+    return noise_floor("base", losses, list(losses), list(losses))
+
+
+def test_same_math_passes_within_64_floors_and_fails_beyond() -> None:
+    base = [5.5, 5.2, 5.0]
+    floor = floor_of(base)
+    ulp = loss_ulp(5.5)
+    close = same_math("lever vs base", [5.5, 5.2 + 3 * ulp, 5.0], base, floor)
+    assert close.checked and close.passed and close.check() is close
+    assert close.tolerance == [SAME_MATH_FACTOR * ulp] * 3
+    assert close.worst == (2, pytest.approx(3 / 64))
+    assert close.verdict().startswith("lever vs base: same math over 3 steps (largest gap")
+    far = same_math("bug vs base", [5.5, 5.2, 5.0 + 100 * ulp], base, floor, "a bug")
+    assert not far.passed and far.worst[0] == 3
+    assert "DIFFERENT: at step 3 the gap is 1.56x the tolerance" in far.verdict()
+    with pytest.raises(AssertionError, match="DIFFERENT") as exc:
+        far.check()
+    assert "tolerance" in str(exc.value) and "step " in str(exc.value)  # the per-step table
+
+
+def test_same_math_not_checked_prints_the_gaps() -> None:
+    rounding = same_math("amp vs base", [5.5, 5.3], [5.5, 5.2], None, "rounding changed by amp")
+    assert not rounding.checked and rounding.passed and rounding.tolerance == []
+    assert rounding.verdict() == (
+        "amp vs base: rounding changed by amp; largest gap over 2 steps 1.0e-01 (not checked)"
+    )
+    lines = str(rounding).splitlines()
+    assert lines[1].split() == ["step", "1", "2"] and lines[2].startswith("  gap ")
+    assert len(lines) == 3  # no tolerance row
+
+
+def test_same_math_shows_every_step_up_to_sixteen() -> None:
+    base = [5.0] * 20
+    check = same_math("x", base, base, floor_of(base))
+    text = str(check)
+    assert text.splitlines()[1].split()[-1] == "16" and "... 4 more steps" in text
+    empty = SameMath("compile", [], None, "skipped: left out")
+    assert empty.passed and empty.verdict().startswith("compile: skipped: left out")
+
+
+def test_floor_must_cover_the_compared_steps() -> None:
+    with pytest.raises(ValueError, match="covers 2 steps and the curves 3"):
+        same_math("x", [1.0] * 3, [1.0] * 3, floor_of([1.0, 1.0]))
