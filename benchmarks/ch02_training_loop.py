@@ -19,7 +19,7 @@ own row. Capturable Adam computes its bias corrections in float32 on the device,
 every update by a few parts per million (helpers.cuda_graphs.bias_correction_rows); the same-
 math check measures that effect by running the eager loop with capturable=False and True, and
 requires (1) the graph replays to equal the eager capturable loop to rounding and (2) the final
-loop to differ from the sources' loop by that effect plus rounding (helpers.loops.same_math).
+loop to differ from the sources' loop by that effect plus rounding (helpers.loops.same_but_for).
 If capture fails, the script prints the error and times the eager final loop instead. On CPU
 and MPS there are no CUDA graphs: the final loop is the eager resident loop, whose bias
 corrections are Python floats like the sources' loop's.
@@ -58,7 +58,7 @@ from helpers.loops import (
     fast_epoch,
     flatten_parameters,
     make_adam,
-    same_math,
+    same_but_for,
     sources_epoch,
     torch_threads,
 )
@@ -157,10 +157,10 @@ def check_seed(device: torch.device, seed: int, graphed: bool) -> tuple[dict, bo
             start, lambda: _batches(x_dev, y_dev, seed), nn.BCEWithLogitsLoss(), EPOCHS_CHECKED
         )
         eager = effect[1]  # the same loop as the graphs, run eagerly: equal to rounding
-        checks.append(same_math(final, eager.losses, what="graph replays vs eager"))
+        checks.append(same_but_for(final, eager.losses, what="graph replays vs eager"))
         graph_params = parameters_to_vector(fm.parameters())
         checks.append(
-            same_math(
+            same_but_for(
                 graph_params,
                 eager.params,
                 what="graph vs eager parameters",
@@ -174,8 +174,8 @@ def check_seed(device: torch.device, seed: int, graphed: bool) -> tuple[dict, bo
                 for _ in range(EPOCHS_CHECKED)
                 for v in fast_epoch(fm, batches, fopt, nn.BCEWithLogitsLoss())
             ]
-    losses = same_math(final, src, None if effect is None else [e.losses for e in effect])
-    params = same_math(
+    losses = same_but_for(final, src, None if effect is None else [e.losses for e in effect])
+    params = same_but_for(
         parameters_to_vector(fm.parameters()), src_params,
         None if effect is None else [e.params for e in effect], atol=ROUNDING_PARAMS_ATOL,
     )  # fmt: skip

@@ -21,7 +21,7 @@ from helpers.validate import positive_int
 #: 314 steps: measured at most 1.2e-7 (two units in the last place of the loss) on seeds 0-7
 #: (CPU, torch 2.13, tests/test_same_math_ch02.py), so it leaves about 80x headroom. It bounds
 #: rounding only: a change of the math itself (capturable Adam's fp32 bias correction) must be
-#: measured and removed first (same_math's `effect`).
+#: measured and removed first (same_but_for's `effect`).
 ROUNDING_RTOL, ROUNDING_ATOL = 1e-4, 1e-5
 #: The same for the parameters after those 314 steps: rounding moved a few parameters further
 #: than the losses, at most 1.4e-6 (seed 5, the same runs), so 1e-4 leaves about 70x headroom.
@@ -201,7 +201,7 @@ def _as_vector(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tenso
 
 
 @dataclass(repr=False)
-class SameMath(Printed):
+class SameButFor(Printed):
     """Two runs compared value by value, before and after removing a measured effect (chapter 2)."""
 
     what: str
@@ -231,7 +231,7 @@ class SameMath(Printed):
         )
 
 
-def same_math(
+def same_but_for(
     final: Sequence[float] | torch.Tensor,
     reference: Sequence[float] | torch.Tensor,
     effect: tuple[Sequence[float], Sequence[float]] | None = None,
@@ -240,7 +240,7 @@ def same_math(
     effect_name: str = "the known effect",
     rtol: float = ROUNDING_RTOL,
     atol: float = ROUNDING_ATOL,
-) -> SameMath:
+) -> SameButFor:
     """Is `final` `reference` up to rounding, once `effect` = (without, with) is subtracted value by value? (chapter 2)"""
     a, b = _as_vector(final, "final"), _as_vector(reference, "reference")
     if a.shape != b.shape:
@@ -261,4 +261,4 @@ def same_math(
     beyond = int((residual > atol + rtol * b.abs()).sum())  # torch.testing.assert_close's rule
     largest = (a - b).abs().max().item() if len(a) else 0.0
     rest = residual.max().item() if len(a) else 0.0
-    return SameMath(what, len(a), largest, size, rest, beyond, rtol, atol, effect_name)
+    return SameButFor(what, len(a), largest, size, rest, beyond, rtol, atol, effect_name)

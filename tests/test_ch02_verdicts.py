@@ -248,7 +248,7 @@ def test_compile_verdict_is_the_tables(nb, compiled_ms: float, machine, pays: bo
 
 def test_graph_vs_eager_verdict_is_the_tables(nb, capsys) -> None:  # noqa: ANN001
     need(nb, "graph_vs_eager")
-    from helpers.loops import same_math
+    from helpers.loops import same_but_for
 
     losses = [0.7, 0.5, 0.3]
 
@@ -263,7 +263,7 @@ def test_graph_vs_eager_verdict_is_the_tables(nb, capsys) -> None:  # noqa: ANN0
         ResidentBatches=lambda *a, **k: object(),
         graphed_epoch=graphed_epoch,
         fast_epoch=fast_epoch,
-        same_math=same_math,
+        same_but_for=same_but_for,
         benchmark=lambda fn, *a, **k: result(timings[fn]),
         x_dev=None,
         y_dev=None,

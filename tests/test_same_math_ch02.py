@@ -16,7 +16,7 @@ check that:
 
 - the new comparison holds for every seed: graph replays equal the eager capturable loop, and
   the final loop differs from the sources' loop by capturable Adam's measured effect plus
-  rounding (helpers.loops.same_math), for the losses and the parameters;
+  rounding (helpers.loops.same_but_for), for the losses and the parameters;
 - the old check, assert_close(final, sources, rtol=1e-4, atol=1e-5), fails on seeds 2-7: that
   tolerance bounds rounding (1.2e-7 measured), and capturable Adam is not rounding.
 """
@@ -52,7 +52,7 @@ from helpers.loops import (
     ROUNDING_PARAMS_ATOL,
     ROUNDING_RTOL,
     fast_epoch,
-    same_math,
+    same_but_for,
     sources_epoch,
     torch_threads,
 )
@@ -127,10 +127,12 @@ def test_the_new_comparison_holds_on_every_seed(capturable_on_cpu: None, seed: i
     r = runs(seed)
     without, with_capturable = r.pair
     assert len(r.graph.losses) == len(r.sources.losses) == EPOCHS * 157
-    replay = same_math(r.graph.losses, with_capturable.losses, what="graph vs eager")
+    replay = same_but_for(r.graph.losses, with_capturable.losses, what="graph vs eager")
     assert replay.ok, replay  # invariant 1: the replays are the eager capturable loop
-    losses = same_math(r.graph.losses, r.sources.losses, (without.losses, with_capturable.losses))
-    params = same_math(
+    losses = same_but_for(
+        r.graph.losses, r.sources.losses, (without.losses, with_capturable.losses)
+    )
+    params = same_but_for(
         r.graph.params, r.sources.params, (without.params, with_capturable.params),
         what="parameters", atol=ROUNDING_PARAMS_ATOL,
     )  # fmt: skip
@@ -150,9 +152,9 @@ def test_the_old_check_fails_where_the_audit_said(capturable_on_cpu: None, seed:
         torch.testing.assert_close(
             torch.tensor(r.graph.losses), torch.tensor(r.sources.losses), rtol=1e-4, atol=1e-5
         )
-    plain = same_math(r.graph.losses, r.sources.losses)  # nothing removed: the old rule
+    plain = same_but_for(r.graph.losses, r.sources.losses)  # nothing removed: the old rule
     assert not plain.ok and plain.gap > 5 * ROUNDING_ATOL  # 7.7e-5 at seed 5, 3.4e-4 at 2
-    with_effect = same_math(r.graph.losses, r.sources.losses, [e.losses for e in r.pair])
+    with_effect = same_but_for(r.graph.losses, r.sources.losses, [e.losses for e in r.pair])
     assert with_effect.effect > ROUNDING_ATOL and with_effect.residual < 1e-6
 
 
@@ -212,22 +214,22 @@ def test_same_math_applies_assert_closes_rule(seed: int) -> None:
         closes = True
     except AssertionError:
         closes = False
-    assert same_math(final, ref).ok is closes
+    assert same_but_for(final, ref).ok is closes
 
 
 def test_same_math_removes_the_measured_effect() -> None:
     ref = [0.5, 0.4, 0.3, 0.2]
     drift = [0.0, 1e-4, -3e-4, 2e-4]
     final = [r + d + 1e-7 for r, d in zip(ref, drift)]
-    assert not same_math(final, ref).ok
-    check = same_math(final, ref, ([0.6] * 4, [0.6 + d for d in drift]), effect_name="X")
+    assert not same_but_for(final, ref).ok
+    check = same_but_for(final, ref, ([0.6] * 4, [0.6 + d for d in drift]), effect_name="X")
     assert check.ok and check.beyond == 0
     assert math.isclose(check.effect, 3e-4) and check.residual < 2e-7
     assert math.isclose(check.gap, 3e-4 - 1e-7, rel_tol=1e-6)  # at the third step
     text = str(check)
     assert "largest gap 3.0e-04" in text and "X alone moves them by up to 3.0e-04" in text
     assert "within rounding (rtol 0.0001, atol 1e-05)" in text
-    assert "3 value(s) BEYOND rounding" in str(same_math(final, ref))
+    assert "3 value(s) BEYOND rounding" in str(same_but_for(final, ref))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +243,7 @@ def test_same_math_removes_the_measured_effect() -> None:
 )
 def test_same_math_refuses_bad_input(final, reference, effect, message: str) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=message):
-        same_math(final, reference, effect)
+        same_but_for(final, reference, effect)
 
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_training_loop.ipynb"
@@ -274,7 +276,7 @@ def test_the_notebooks_section_6_on_a_stand_in_gpu(capturable_on_cpu: None) -> N
         "EPOCHS": EPOCHS,
         "bce_logits": nn.BCEWithLogitsLoss(),
         "capturable_pair": capturable_pair,
-        "same_math": same_math,
+        "same_but_for": same_but_for,
         "parameters_to_vector": parameters_to_vector,
         "ROUNDING_PARAMS_ATOL": ROUNDING_PARAMS_ATOL,
         "final_steps": {64: "a captured graph", 16: "a captured graph"},  # capture succeeded
@@ -291,6 +293,6 @@ def test_the_notebooks_section_6_on_a_stand_in_gpu(capturable_on_cpu: None) -> N
         exec(OLD_CELL_133, dict(ns))
     assert notebook_functions(NOTEBOOK, ["final_start", "final_batches_again"], ns)
     exec(cell_containing(NOTEBOOK, "effect = None  # capturable Adam's effect"), ns)
-    exec(cell_containing(NOTEBOOK, "loss_check = same_math("), ns)
+    exec(cell_containing(NOTEBOOK, "loss_check = same_but_for("), ns)
     assert ns["loss_check"].ok and ns["param_check"].ok and ns["replay"].ok
     assert ns["loss_check"].effect > ROUNDING_ATOL, "the effect removed is capturable Adam's"
