@@ -214,3 +214,17 @@ def test_an_error_outside_every_cell_comes_with_its_traceback(
     assert "Traceback of fine.ipynb (not a cell's error):" in summary
     assert "assert self.kc is None" in summary
     assert "assert self.kc is None" in capsys.readouterr().out, "the log has it too"
+
+
+def test_runs_where_an_event_loop_already_runs(tmp_path: Path) -> None:
+    # A test process that used playwright's sync API (tests/browser) has a loop running in the
+    # main thread; run_all then runs the notebook on its own loop in a thread of its own.
+    import asyncio
+
+    broken = broken_notebook(tmp_path)
+
+    async def inside_a_loop() -> run_all.Outcome:
+        return run_all.execute(broken, tmp_path / "out", timeout=120, html_export=False)
+
+    outcome = asyncio.run(inside_a_loop())
+    assert outcome.error.startswith("cell 1: ValueError: this notebook is broken on purpose")

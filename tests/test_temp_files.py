@@ -107,6 +107,8 @@ CLEANED_UP = {
     "folders: atexit, and new_run_dir() removes this user's that are over a day old",
     "helpers/checks/ch04.py": "shutil.rmtree in run_in_process()'s finally",
     "helpers/checks/ch08_parallel.py": "shutil.rmtree in run_at_world_one()'s finally",
+    "helpers/capstone.py": "use_fresh_compile_cache: its folder is removed at exit (atexit); "
+    "gettempdir only names torch's own compile cache, to say whether it is warm",
 }
 MAKES_TEMP = re.compile(r"tempfile\.(gettempdir|mkdtemp|mkstemp|NamedTemporaryFile|mktemp)\b")
 

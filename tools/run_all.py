@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -152,14 +153,16 @@ class StopAwareLoop(asyncio.SelectorEventLoop):
     def add_signal_handler(self, sig: int, callback: object, *args: object) -> None:
         if signal.Signals(sig).name in STOP_SIGNALS:
             callback, args = self.on_stop, (sig,)
-        with contextlib.suppress(NotImplementedError):  # Windows: Ctrl-C raises, as usual
+        # Windows: Ctrl-C raises, as usual; outside the main thread: the caller's handlers stay
+        with contextlib.suppress(NotImplementedError, ValueError, RuntimeError):
             super().add_signal_handler(sig, callback, *args)
 
     def remove_signal_handler(self, sig: int) -> bool:
         removed = False
-        with contextlib.suppress(NotImplementedError):
+        with contextlib.suppress(NotImplementedError, ValueError, RuntimeError):
             removed = super().remove_signal_handler(sig)
-        if signal.Signals(sig).name in STOP_SIGNALS:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.Signals(sig).name in STOP_SIGNALS:
             signal.signal(sig, note_stop)
         return removed
 
@@ -240,7 +243,32 @@ class CourseClient(NotebookClient):
                 self.task.cancel()
 
     def run(self, stderr: object) -> None:
-        """Execute the notebook on a StopAwareLoop (what NotebookClient.execute does)."""
+        """Execute the notebook on a StopAwareLoop (what NotebookClient.execute does).
+
+        Where an event loop already runs in this thread (run_all called from async code, or
+        from a test process that used playwright's sync API), the notebook runs on its own
+        loop in a thread of its own, and stop signals stay the caller's to handle.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop runs here
+            return self.run_on_new_loop(stderr)
+        failed: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                self.run_on_new_loop(stderr)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=target, name="run_all-notebook")
+        worker.start()
+        worker.join()
+        if failed:
+            raise failed[0]
+
+    def run_on_new_loop(self, stderr: object) -> None:
+        """Execute the notebook on a new StopAwareLoop in this thread."""
         loop = StopAwareLoop(self.on_signal)
         try:
             asyncio.set_event_loop(loop)
