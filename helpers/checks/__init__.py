@@ -227,3 +227,15 @@ def torchrun_environment(rank: int, world_size: int, master_port: int = 29500) -
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
     }
+
+
+def names_used(fn: Callable[..., object]) -> set[str]:
+    """Global and attribute names a function's code (nested functions included) uses (chapter 7)."""
+    names: set[str] = set()
+    stack = [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is not None:
+            names.update(code.co_names)
+            stack += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names

@@ -31,6 +31,7 @@ from helpers.checks import (
     CheckResult,
     expect,
     forwards_at_once,
+    names_used,
     one_backward_per_forward_hint,
     probe,
     run_check,
@@ -105,18 +106,6 @@ def _no_builtin_attention() -> Iterator[None]:
     """Both bans: F.scaled_dot_product_attention by name, and every fused kernel below it (chapter 7)."""
     with _NoBuiltinAttention(), _NoFusedAttention():
         yield
-
-
-def _names_used(fn: Callable[..., Any]) -> set[str]:
-    """Global and attribute names the function's code (nested functions included) uses (chapter 7)."""
-    names: set[str] = set()
-    stack = [getattr(fn, "__code__", None)]
-    while stack:
-        code = stack.pop()
-        if code is not None:
-            names.update(code.co_names)
-            stack += [c for c in code.co_consts if hasattr(c, "co_names")]
-    return names
 
 
 def _attention(
@@ -268,7 +257,7 @@ def _value_probes(fn: Callable[..., torch.Tensor]) -> None:
         got = _run_attention(fn, name, qkv)
         if n == 0:
             for helper in ("manual_attention", "scaled_dot_product_attention"):
-                expect(helper not in _names_used(fn), _WRITE_IT_OUT.format(what=helper))
+                expect(helper not in names_used(fn), _WRITE_IT_OUT.format(what=helper))
         wide = [t.float() if dtype == torch.bfloat16 else t for t in qkv]
         want = F.scaled_dot_product_attention(*wide, is_causal=True)
         tol = {torch.bfloat16: 3e-2, torch.float32: 1e-5, torch.float64: 1e-10}[dtype]

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.attention_tiles import lse_rounding_bound, rounding_bound
 from helpers.attention_triton import triton_status
-from helpers.checks import CheckFailed, CheckResult, expect, probe, run_check
+from helpers.checks import CheckFailed, CheckResult, expect, names_used, probe, run_check
 from helpers.flash_attention import flash_backward, flash_forward
 
 #: The status of a check that could not run here (Triton missing), printed with ⏭.
@@ -232,18 +232,6 @@ class _NoWholeRowHelpers(TorchFunctionMode):
 _HELPERS = ("flash_forward", "flash_attention", "FlashAttention", "triton_flash_forward")
 
 
-def _used_names(fn: Callable[..., Any]) -> set[str]:
-    """Global and attribute names the function's code (nested functions included) uses (chapter 8)."""
-    names: set[str] = set()
-    stack = [getattr(fn, "__code__", None)]
-    while stack:
-        code = stack.pop()
-        if code is not None:
-            names.update(code.co_names)
-            stack += [c for c in code.co_consts if hasattr(c, "co_names")]
-    return names
-
-
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, hide: str = "", block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Attention and log-sum-exp in float64, optionally with a typical masking or scaling mistake (chapter 8).
 
@@ -378,7 +366,7 @@ def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) 
 
     def probes() -> None:
         for helper in _HELPERS:
-            expect(helper not in _used_names(fn), f"you called {helper}, which does the exercise for you: write the tile loop.")  # fmt: skip
+            expect(helper not in names_used(fn), f"you called {helper}, which does the exercise for you: write the tile loop.")  # fmt: skip
         cases = (
             ("float64, T = 40 (2 tiles of 16 + 8)", (2, 3, 40, 8), torch.float64, 16),
             ("float32, T = 64, head_dim 32", (1, 2, 64, 32), torch.float32, 16),

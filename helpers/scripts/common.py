@@ -16,6 +16,7 @@ import argparse
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -181,3 +182,18 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 def grads(model: nn.Module) -> list[torch.Tensor]:
     """A CPU copy of every parameter's gradient (chapter 4)."""
     return [p.grad.detach().cpu().clone() for p in model.parameters()]
+
+
+def run_alone(
+    parser: argparse.ArgumentParser,
+    run: Callable[[Context, argparse.Namespace], None],
+    argv: list[str] | None = None,
+) -> None:
+    """A script's main(): parse its options, join the group, run its job, leave (chapter 4).
+
+    one_launch.py calls the same run(ctx, args) of several scripts in one group instead.
+    """
+    args = parser.parse_args(argv)
+    ctx = setup(args.pg_timeout)
+    run(ctx, args)
+    teardown()

@@ -33,8 +33,7 @@ from helpers.scripts.common import (
     grads,
     log,
     parser,
-    setup,
-    teardown,
+    run_alone,
     write_result,
 )
 
@@ -159,10 +158,7 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    ctx = setup(args.pg_timeout)
-    run(ctx, args)
-    teardown()
+    run_alone(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,7 @@ from helpers.scripts.common import (
     exit_now,
     log,
     parser,
-    setup,
-    teardown,
+    run_alone,
     write_result,
 )
 
@@ -415,10 +414,7 @@ def against_ddp(got: list[torch.Tensor], ddp: list[torch.Tensor], bound: list) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    ctx = setup(args.pg_timeout)
-    run(ctx, args)
-    teardown()
+    run_alone(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

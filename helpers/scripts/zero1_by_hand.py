@@ -27,7 +27,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.comm_overlap import shard_bounds
 from helpers.models import make_mlp
-from helpers.scripts.common import Context, exit_now, log, parser, setup, teardown, write_result
+from helpers.scripts.common import (
+    Context,
+    exit_now,
+    log,
+    parser,
+    run_alone,
+    write_result,
+)
 
 
 class Zero1Adam:
@@ -143,10 +150,7 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    ctx = setup(args.pg_timeout)
-    run(ctx, args)
-    teardown()
+    run_alone(build_parser(), run, argv)
 
 
 if __name__ == "__main__":
