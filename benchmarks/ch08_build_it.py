@@ -24,7 +24,8 @@ fastest kernel at T >= 2048 (d = 64, bf16) and faster than the PyTorch tiles. Th
 is 1 only when a correctness check failed.
 
 Parallel part (parallel_part), sections 3-4: one launch (``one_launch.py``) runs
-``dp_by_hand`` and ``zero1_by_hand`` (2 gloo ranks on a CPU, NCCL on the GPUs), then prints:
+``dp_by_hand`` and ``zero1_by_hand`` (NCCL, one rank per GPU, with 2 or more GPUs; else 2 gloo
+ranks, at the chapter's sizes for each), then prints:
 
 3. the five ways of averaging gradients: step time (median of blocks, slowest rank), IQR,
    all-reduce calls and MB per step, communication in flight, exposed after backward, and the
@@ -65,7 +66,7 @@ from helpers.dp_by_hand import WAY_NAMES, timing_rows
 from helpers.flash_attention import flash_attention
 from helpers.gpt import manual_attention
 from helpers.launch import as_flags, launch, new_run_dir, one_launch_args, read_results
-from helpers.machine_state import machine_state
+from helpers.machine_state import MachineWatch
 from helpers.processes import cpu_cores, gpu_count
 from helpers.tables import print_table
 from helpers.verdicts import compare_rows
@@ -142,20 +143,27 @@ DDP_RATIO_TARGET = 1.1
 
 
 def add_parallel_options(p: argparse.ArgumentParser) -> None:
-    """The options of the data-parallel part, for this script and benchmarks/ch08_build_it.py."""
-    p.add_argument("--nproc", type=int, default=None, help="default: the GPUs with NCCL, else 2")
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--per-rank-batch", type=int, default=64)
-    p.add_argument("--bucket-mb", type=float, default=1.0)
+    """The options of the data-parallel part; sizes default to the chapter's for the backend."""
+    p.add_argument("--nproc", type=int, default=None, help="default: the GPUs with 2+ GPUs, else 2")
+    p.add_argument("--width", type=int, default=None, help="default: 512 on gloo, 4096 on NCCL")
+    p.add_argument("--depth", type=int, default=None, help="default: 6 on gloo, 8 on NCCL")
+    p.add_argument("--per-rank-batch", type=int, default=None, help="default: 64, 256 on NCCL")
+    p.add_argument("--bucket-mb", type=float, default=None, help="default: 1 on gloo, 25 on NCCL")
     p.add_argument("--blocks", type=int, default=7)
     p.add_argument("--steps", type=int, default=4)
+
+
+#: The chapter's sizes (notebooks/08_build_it.ipynb, section 3) for each backend.
+PARALLEL_SIZES = {
+    "gloo": {"width": 512, "depth": 6, "per_rank_batch": 64, "bucket_mb": 1.0},
+    "nccl": {"width": 4096, "depth": 8, "per_rank_batch": 256, "bucket_mb": 25.0},
+}
 
 
 def launch_parts(args: argparse.Namespace, backend: str, nproc: int) -> tuple[dict, list[dict]]:
     """One launch of dp_by_hand and zero1_by_hand; rank 0's results of each (chapter 8)."""
     dp_dir, zero_dir = new_run_dir("bench_dp"), new_run_dir("bench_zero1")
-    size = {k: getattr(args, k) for k in ("width", "depth", "per_rank_batch", "bucket_mb")}
+    size = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in PARALLEL_SIZES[backend].items()}  # fmt: skip
     size |= {"blocks": args.blocks, "steps": args.steps}
     jobs = [
         ("dp_by_hand", ["--out", dp_dir, *as_flags(size)]),
@@ -215,18 +223,21 @@ def zero1_rows(ranks: list[dict]) -> list[dict]:
 
 def parallel_part(args: argparse.Namespace) -> None:
     """Run and print the data-parallel part of chapter 8's benchmark."""
-    backend = "nccl" if gpu_count() >= 1 else "gloo"
-    nproc = args.nproc or (gpu_count() if backend == "nccl" else 2)
-    print(f"{cpu_cores()} CPU core(s), {gpu_count()} GPU(s): {nproc} rank(s) on {backend}")
-    state = machine_state("cuda" if backend == "nccl" else "cpu")
-    dp, zero = launch_parts(args, backend, nproc)
+    gpus = gpu_count()
+    backend = "nccl" if gpus >= 2 else "gloo"  # NCCL needs a GPU per rank: 2 ranks, 2 GPUs
+    nproc = args.nproc or (gpus if backend == "nccl" else 2)
+    why = "" if backend == "nccl" else " (NCCL needs a GPU per rank: CPU processes instead)"
+    print(f"{cpu_cores()} CPU core(s), {gpus} GPU(s): {nproc} rank(s) on {backend}{why}")
+    with MachineWatch("cuda" if backend == "nccl" else "cpu") as watch:
+        dp, zero = launch_parts(args, backend, nproc)
+    state = watch.state
     rows = timing_rows(dp)
-    print(f"\n1. Averaging gradients five ways, {dp['parameters']:,} parameters")
+    print(f"\n3. Averaging gradients five ways, {dp['parameters']:,} parameters")
     print_table(rows)
-    print(f"{state} (read before the launch); {dp['threads']} thread(s) per rank")
-    print("\n2. Targets")
+    print(f"{state} (over the launch); {dp['threads']} thread(s) per rank")
+    print("\n4. Targets")
     print("\n".join(target_lines(rows, state, nproc, backend)))
-    print("\n3. ZeRO-1: optimizer state per rank")
+    print("\n5. ZeRO-1: optimizer state per rank")
     zrows = zero1_rows(zero)
     print_table(zrows)
     exact = all(r["exactly 1/world"] for r in zrows)

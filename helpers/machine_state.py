@@ -67,6 +67,7 @@ def gpu_tenants(device: str | torch.device) -> GpuTenants:
         return GpuTenants(None, note=f"not read on {device.type}")
     if getattr(torch.version, "hip", None):
         return GpuTenants(None, note="NVML does not see AMD GPUs; rocm-smi lists their processes")
+    mine = _holds_context(device)  # before nvml_handle, whose device query initialises CUDA
     try:
         import pynvml
 
@@ -80,7 +81,19 @@ def gpu_tenants(device: str | torch.device) -> GpuTenants:
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-    return _others(listed, _own_pids(), torch.cuda.is_initialized())
+    return _others(listed, _own_pids(), mine)
+
+
+def _holds_context(device: torch.device) -> bool:
+    """Whether this process has a CUDA context on `device`, so NVML lists it too (chapter 1)."""
+    if not torch.cuda.is_initialized():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)  # CUDA builds of torch
+    if has_context is not None:
+        with contextlib.suppress(Exception):
+            return bool(has_context(index))
+    return torch.cuda.memory_reserved(index) > 0
 
 
 def _others(listed: list[Any], own: set[int], have_context: bool) -> GpuTenants:
@@ -103,13 +116,21 @@ def _busy_seconds() -> float:
 
 
 def _own_seconds() -> float:
-    """CPU seconds this process (every thread) and its finished children have used (chapter 1).
+    """CPU seconds this process (every thread) and its children, running or finished, have used (chapter 1).
 
-    Children count once they are waited for, so a watch around a whole launch (chapter 4's
-    torchrun ranks) counts the ranks' work as this job's, not as another process's load.
+    A watch around a launch (chapter 4's torchrun ranks) or a DataLoader with workers counts
+    their work as this job's, not as another process's load: running children by their own
+    times, finished ones once waited for (the times of a reaped child move into its parent's).
     """
-    t = psutil.Process().cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    me = psutil.Process()
+    t = me.cpu_times()
+    live = 0.0  # children still running (DataLoader workers, ranks): their time so far
+    with contextlib.suppress(psutil.Error):
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                c = child.cpu_times()
+                live += c.user + c.system
+    return t.user + t.system + t.children_user + t.children_system + live
 
 
 @dataclass(repr=False)

@@ -52,6 +52,7 @@ def test_host_pids_in_a_container_count_one_process_as_ours(fake_gpu, monkeypatc
     gpu = fake_gpu("h100_sxm")
     gpu.nvml.processes = {0: [(777001, None), (777002, None)]}  # pids of the host's namespace
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    gpu.reserved = 64 * MiB  # this process holds memory there: it has a context
     tenants = gpu_tenants("cuda:0")
     assert tenants.count == 1 and "namespace" in tenants.note
     gpu.nvml.processes = {0: [(777001, None)]}
@@ -154,3 +155,26 @@ def test_finished_children_count_as_this_job_s_own_work() -> None:
     subprocess.run([sys.executable, "-c", busy], check=True)
     # 10 ms clock ticks: at least 0.28 s of the child's 0.3 s lands in this process's count
     assert ms._own_seconds() - before >= 0.28  # so a watch does not call it another's load
+
+
+def test_a_process_without_a_context_is_not_taken_for_a_listed_one(fake_gpu, monkeypatch) -> None:  # noqa: ANN001
+    gpu = fake_gpu("h100_sxm")
+    gpu.nvml.processes = {0: [(777001, None)]}  # another container's process, host pid
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # CUDA queried, no memory
+    assert gpu_tenants("cuda:0").count == 1
+
+
+def test_running_children_count_as_this_job_s_own_work() -> None:
+    import subprocess
+    import sys
+
+    busy = "import time\nwhile time.process_time() < 0.6: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        before, deadline = ms._own_seconds(), time.perf_counter() + 20
+        while ms._own_seconds() - before < 0.3 and time.perf_counter() < deadline:
+            time.sleep(0.05)  # however loaded the machine, the child gets its 0.6 s in the end
+        assert ms._own_seconds() - before >= 0.3  # the running child's CPU time is ours
+    finally:
+        child.kill()
+        child.wait()

@@ -228,3 +228,19 @@ def test_runs_where_an_event_loop_already_runs(tmp_path: Path) -> None:
 
     outcome = asyncio.run(inside_a_loop())
     assert outcome.error.startswith("cell 1: ValueError: this notebook is broken on purpose")
+
+
+def test_a_process_the_kernel_leaves_running_is_stopped_and_reported(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+    }
+    code = "import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\nprint(child.pid)"
+    nb.cells = [nbformat.v4.new_code_cell(code)]
+    path = tmp_path / "leaves_a_child.ipynb"
+    nbformat.write(nb, path)
+    outcome = run_all.execute(path, tmp_path / "out", timeout=120, html_export=False)
+    executed = nbfiles.read(tmp_path / "out" / "leaves_a_child.ipynb")
+    pid = int(executed.cells[0].outputs[0]["text"].strip())
+    assert outcome.ok and "left running" in outcome.note and str(pid) in outcome.result()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -80,6 +80,8 @@ class Outcome:
     html: Path | None = None
     status: str = ""
     traceback: str = ""
+    #: Something worth knowing that did not fail the notebook (processes the kernel left).
+    note: str = ""
 
     def __post_init__(self) -> None:
         self.status = self.status or ("failed" if self.error else "ok")
@@ -91,7 +93,7 @@ class Outcome:
     def result(self) -> str:
         """The result column: 'ok', 'FAILED: why', 'STOPPED: why' or 'not run: why'."""
         if self.ok:
-            return "ok"
+            return f"ok; {self.note}" if self.note else "ok"
         head = {"failed": "FAILED", "stopped": "STOPPED"}.get(self.status, self.status)
         return f"{head}: {self.error}"
 
@@ -381,7 +383,8 @@ def execute(path: Path, out_dir: Path, timeout: int, html_export: bool) -> Outco
         error, status, trace = f"{Stop.reason()}{where}", "stopped", ""
     if trace and (tail := log_tail(kernel_log)):
         trace += f"\nThe kernel's log ({kernel_log.name}) ends:\n{tail}\n"
-    if leftovers:
+    note = ""
+    if leftovers:  # in the report either way: a failure's detail, or a passing run's note
         note = f"stopped {len(leftovers)} process(es) the kernel left running: {leftovers}"
         error = f"{error}; {note}" if error else ""
         print(f"    [run_all] {note}", flush=True)
@@ -389,7 +392,7 @@ def execute(path: Path, out_dir: Path, timeout: int, html_export: bool) -> Outco
         error = failed_check(nb)
         status = "failed" if error else status
     nbformat.write(nb, target)
-    outcome = Outcome(path, seconds, error, status=status, traceback=trace)
+    outcome = Outcome(path, seconds, error, status=status, traceback=trace, note=note)
     if html_export and status != "stopped":
         from nbconvert import HTMLExporter  # only here: --no-html runs without nbconvert
 
@@ -438,6 +441,7 @@ def results(outcomes: list[Outcome], machine: str) -> dict:
                 "status": o.status,
                 "seconds": round(o.seconds, 2),
                 "error": o.error,
+                "note": o.note,
                 "traceback": o.traceback,
             }
             for o in outcomes
