@@ -216,19 +216,21 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-class _NoWholeRowHelpers(TorchFunctionMode):
-    """Fail when the code inside calls SDPA or a softmax: the exercise is the online version (chapter 8)."""
+class _NoSoftmaxOrSdpa(TorchFunctionMode):
+    """Fail when the code inside calls SDPA or any softmax, even on one tile: the exercise builds it (chapter 8)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = getattr(func, "__name__", "")
         if name in ("scaled_dot_product_attention", "softmax", "log_softmax", "_softmax"):
             raise CheckFailed(
-                f"you called {name}, which needs whole rows: build the softmax tile by tile with "
-                "the running max, sum and accumulator (exercise 1's merge, one key tile at a time)."
+                f"you called {name}: the exercise allows no softmax, log_softmax or SDPA call, "
+                "not even on one tile. Build the softmax from the running max, sum and "
+                "accumulator (exercise 1's merge, one key tile at a time)."
             )
         return func(*args, **(kwargs or {}))
 
 
+#: The chapter's functions that compute the tiled forward: the exercise text names them all.
 _HELPERS = ("flash_forward", "flash_attention", "FlashAttention", "triton_flash_forward")
 
 
@@ -293,7 +295,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
 def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
     """Call the learner's forward under watch; check types, shapes, dtypes, inputs unchanged (chapter 8)."""
     copies = [(t.clone(), t._version) for t in qkv]
-    with probe(name), _NoWholeRowHelpers(), _Watch() as watch:
+    with probe(name), _NoSoftmaxOrSdpa(), _Watch() as watch:
         got = fn(*qkv, causal=causal, block=block)
     where = f"[probe: {name}] "
     expect(
@@ -310,7 +312,14 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
     expect(out.shape == q.shape, where + f"out has shape {tuple(out.shape)}; it must be q's, {tuple(q.shape)}.")  # fmt: skip
     expect(lse.shape == q.shape[:-1], where + f"lse has shape {tuple(lse.shape)}; one number per query row: {tuple(q.shape[:-1])}.")  # fmt: skip
     expect(out.dtype == q.dtype, where + f"out is {out.dtype} for {q.dtype} inputs: compute in float32 if you like, then cast back (.to(q.dtype)).")  # fmt: skip
-    expect(lse.dtype in (torch.float32, torch.float64) and lse.dtype.itemsize >= min(q.dtype.itemsize, 4), where + f"lse is {lse.dtype}: keep it in float32 (or wider), as backward needs it precisely.")  # fmt: skip
+    work = torch.promote_types(q.dtype, torch.float32)  # the accumulation dtype, flash_forward's
+    expect(
+        lse.dtype == work,
+        where + f"lse is {lse.dtype} for {q.dtype} inputs: return it in the dtype you accumulate "
+        f"in, torch.promote_types(q.dtype, torch.float32), here {work} (float32 for 16- and "
+        "32-bit inputs, float64 for float64 ones): backward rebuilds every probability from it, "
+        "and the check bounds it by that dtype's rounding.",
+    )
     return out, lse, watch
 
 
@@ -389,7 +398,7 @@ def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) 
 class _NoTorchMatmul(TorchFunctionMode):
     """Fail when the code inside multiplies matrices in PyTorch: the exercise is Triton (chapter 8)."""
 
-    NAMES = ("matmul", "mm", "bmm", "einsum", "__matmul__", "baddbmm", "addmm", "flash_backward")
+    NAMES = ("matmul", "mm", "bmm", "einsum", "__matmul__", "baddbmm", "addmm")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if getattr(func, "__name__", "") in self.NAMES:
@@ -399,6 +408,11 @@ class _NoTorchMatmul(TorchFunctionMode):
                 "D = rowsum(dO * O)."
             )
         return func(*args, **(kwargs or {}))
+
+
+#: The chapter's functions that run flash_backward (the PyTorch recomputation), caught by name
+#: so that calling one gets its own hint, not "you called torch's __matmul__" from inside it.
+_BACKWARD_HELPERS = ("flash_backward", "FlashAttention", "flash_attention", "TritonFlashAttention", "triton_attention")  # fmt: skip
 
 
 def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, device: torch.device) -> None:  # fmt: skip
@@ -436,6 +450,13 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
         device = torch.device("cpu")
 
     def probes() -> None:
+        for helper in _BACKWARD_HELPERS:
+            expect(
+                helper not in names_used(fn),
+                f"you called {helper}, which computes the backward in PyTorch: the products "
+                "belong in your Triton kernels (tl.dot); PyTorch may only allocate the outputs "
+                "and compute D = rowsum(dO * O).",
+            )
         for causal in (False, True):
             for shape in ((1, 2, 40, 16), (2, 1, 64, 32)):
                 _backward_probe(fn, shape, causal, device)
