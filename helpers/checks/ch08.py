@@ -81,7 +81,11 @@ _MERGE_HINTS = {
 
 
 def _merge_hint(got: State, a: State, b: State) -> str:
-    """Name the mistake whose result matches `got`, or say which part is off (chapter 8)."""
+    """Name the mistake whose result matches `got`, or say which part is off (chapter 8).
+
+    Only picks the hint of a merge already failed against its rounding bound: a loose match
+    here costs a less precise hint, never a wrong verdict.
+    """
     for mistake, hint in _MERGE_HINTS.items():
         wrong = _merge(a, b, mistake)
         if all(torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9, equal_nan=True) for g, w in zip(got, wrong)):  # fmt: skip
@@ -107,6 +111,12 @@ def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tenso
     ell = sum(rel * f * lx.abs() for (rel, f), lx in zip(terms, (la, lb)))
     acc = sum((rel * f)[..., None] * ax.abs() for (rel, f), ax in zip(terms, (acca, accb)))
     return [torch.zeros_like(m), eps * ell, eps * acc]
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor) -> bool:
+    """Every element of got equal to want (infinities included) or within tol of it; NaN never (chapter 8)."""
+    g, w = got.double(), want.double()
+    return bool(((g == w) | ((g - w).abs() <= tol)).all())
 
 
 def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
@@ -159,7 +169,8 @@ def _empty_probe(fn: Callable[..., Any]) -> None:
         ("two empty tiles", empty, empty, empty),
     ):
         got = _call_merge(fn, name, a, b)
-        ok = all(torch.allclose(gp, w, rtol=1e-6, atol=0) or torch.equal(gp, w) for gp, w in zip(got, want))  # fmt: skip
+        # exact in the chapter's form (factors exp(-inf) = 0 and exp(0) = 1); another form rounds
+        ok = all(_within(gp, w, t) for gp, w, t in zip(got, want, _merge_tolerance(a, b, torch.float32)))  # fmt: skip
         if not ok:
             nan = any(torch.isnan(t).any() for t in got)
             raise CheckFailed(
@@ -187,8 +198,9 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
         a = _state(torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
         b = _state(5 + torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
         ab, ba = _call_merge(fn, "merge(a, b)", a, b), _call_merge(fn, "merge(b, a)", b, a)
+        tol = _merge_tolerance(a, b, torch.float32)  # each order within it of the exact merge
         expect(
-            all(torch.allclose(x, y, rtol=1e-6) for x, y in zip(ab, ba)),
+            all(_within(x, y, 2 * t) for x, y, t in zip(ab, ba, tol)),
             "[probe: merge(a, b) against merge(b, a)] the order of the tiles changed the result: "
             "the merge must treat both states alike.",
         )
@@ -256,7 +268,11 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 
 
 def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int) -> str:  # fmt: skip
-    """Name the mistake behind a wrong output or log-sum-exp (chapter 8)."""
+    """Name the mistake behind a wrong output or log-sum-exp (chapter 8).
+
+    Called only once the output or lse failed its rounding bound: the loose `close` below only
+    picks the hint, so a near miss costs a less precise hint, never a wrong verdict.
+    """
     out = got.detach().double()
     close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
     want, want_lse = _reference(*qkv, causal)
