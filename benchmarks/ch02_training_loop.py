@@ -44,7 +44,6 @@ from helpers.batching import PermutationSampler, ResidentBatches
 from helpers.cuda_graphs import (
     batch_shapes,
     capturable_adam,
-    capturable_pair,
     capture_steps,
     graph_capture_plan,
     graphed_epoch,
@@ -54,6 +53,7 @@ from helpers.devices import cpu_name, describe_device, pick_device
 from helpers.loops import (
     ROUNDING_PARAMS_ATOL,
     FlatAdam,
+    adam_pair,
     best_adam_impl,
     fast_epoch,
     flatten_parameters,
@@ -153,9 +153,10 @@ def check_seed(device: torch.device, seed: int, graphed: bool) -> tuple[dict, bo
             model.load_state_dict(init)
             return model
 
-        effect = capturable_pair(
-            start, lambda: _batches(x_dev, y_dev, seed), nn.BCEWithLogitsLoss(), EPOCHS_CHECKED
-        )
+        effect = adam_pair(
+            start, lambda: _batches(x_dev, y_dev, seed), nn.BCEWithLogitsLoss(), EPOCHS_CHECKED,
+            "capturable",
+        )  # fmt: skip
         eager = effect[1]  # the same loop as the graphs, run eagerly: equal to rounding
         checks.append(same_but_for(final, eager.losses, what="graph replays vs eager"))
         graph_params = parameters_to_vector(fm.parameters())
