@@ -19,10 +19,12 @@ from helpers.validate import positive_int
 #: Two of chapter 2's loops that differ only in rounding (Sigmoid + BCELoss against
 #: BCEWithLogitsLoss, for-loop against foreach or fused Adam or FlatAdam, a CUDA graph against
 #: the same kernels run eagerly) give losses within this of each other, step for step, over its
-#: 314 steps: measured at most 1.2e-7 (two units in the last place of the loss) on seeds 0-7
-#: (CPU, torch 2.13, tests/test_same_math_ch02.py), so it leaves about 80x headroom. It bounds
-#: rounding only: a change of the math itself (capturable Adam's fp32 bias correction) must be
-#: measured and removed first (same_but_for's `effect`).
+#: 314 steps. tests/test_same_math_ch02.py computes those gaps on permutation seeds 0-7
+#: (test_rounding_only_pairs_leave_headroom): on 2026-11-27, on the course's 2-core CI machine
+#: (a Xeon under KVM, torch 2.13 CPU, 1 thread, the CPU shared with a CI run), at most 1.2e-7,
+#: two units in the last place of the loss, so 1e-5 leaves about 80x headroom. It bounds
+#: rounding only: a change of the math itself (Adam's bias corrections from a float32 beta:
+#: float32_bias_corrections) must be measured and removed first (same_but_for's `effect`).
 ROUNDING_RTOL, ROUNDING_ATOL = 1e-4, 1e-5
 #: The same for the parameters after those 314 steps: rounding moved a few parameters further
 #: than the losses, at most 1.4e-6 (seed 5, the same runs), so 1e-4 leaves about 70x headroom.
