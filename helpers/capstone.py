@@ -31,7 +31,7 @@ from helpers.machine_state import MachineState
 from helpers.matmul import tf32_available, tf32_matmuls
 from helpers.memory import track_peak
 from helpers.peaks import peak_row
-from helpers.same_math import NoiseFloor, SameMath, noise_floor, same_math
+from helpers.same_math import NoiseFloor, SameMath, check_not_run, noise_floor, same_math
 from helpers.timing import benchmark
 from helpers.units import MiB
 from helpers.validate import first_line, positive_int
@@ -708,21 +708,36 @@ class LeverSearch:
             self.floors[levers] = noise_floor(row.label, row.first_losses, *runs)
         return self.floors[levers]
 
-    def same_math(self, row: LeverRow) -> SameMath:
-        """`row`'s losses against those of the configuration it differs from by one lever, held to that one's noise floor (chapter 7)."""
+    def change_of(self, row: LeverRow) -> str:
+        """What `row`'s lever changes in the math against its parent: '' where it must keep it (chapter 7)."""
         if row.levers is None or row.parent is None:
             raise ValueError(f"{row.label!r} has no parent configuration to compare with.")
-        parent = self.row_for(row.parent)
         name = changed_lever(row.levers, row.parent)
-        change = math_change(name, row.levers if getattr(row.levers, name) else row.parent)
+        return math_change(name, row.levers if getattr(row.levers, name) else row.parent)
+
+    def same_math(self, row: LeverRow) -> SameMath:
+        """`row`'s losses against those of the configuration it differs from by one lever, held to that one's noise floor (chapter 7)."""
+        change = self.change_of(row)
+        parent = self.row_for(row.parent)
+        if parent is None:
+            raise ValueError(f"{row.parent.label()!r} was not measured: measure it first.")
         label = f"{row.label} vs {parent.label}"
         floor = None if change else self.floor(row.parent)
         return same_math(label, row.first_losses, parent.first_losses, floor, change)
 
     def _check(self, row: LeverRow) -> None:
-        """Fill in row.check; a check that cannot run says why instead of stopping the search (chapter 7)."""
+        """Fill in row.check; a check that cannot run fails with why where the lever must keep the math, and is a note where it rounds on purpose (chapter 7)."""
         check, error = run_or_reason(lambda: self.same_math(row))
-        row.check = check or SameMath(row.label, [], None, f"not checked: {error}")
+        if check is not None:
+            row.check = check
+            return
+        change = run_or_reason(lambda: self.change_of(row))[0]  # None: not even that is known
+        parent = row.parent.label() if row.parent is not None else "its parent"
+        label = f"{row.label} vs {parent}"
+        if change:
+            row.check = SameMath(label, [], None, f"{change}; not compared: {error}")
+        else:
+            row.check = check_not_run(label, error)
 
     def ablate(self, names: Sequence[str] = GREEDY, max_passes: int = 4) -> bool:
         """From the final configuration, each lever switched (on if off, off if on), the best change beyond the noise applied, until none helps; True if it settled (chapter 7)."""

@@ -106,6 +106,7 @@ class SameMath(Printed):
     note: str = ""
     factor: float = SAME_MATH_FACTOR
     steps_shown: int = field(default=16)
+    error: str = ""  # why a check that the math needed could not run; '' when it ran
 
     @property
     def checked(self) -> bool:
@@ -119,8 +120,14 @@ class SameMath(Printed):
 
     @property
     def passed(self) -> bool:
-        """Every step within its tolerance (True when not checked) (chapter 7)."""
-        return all(g <= t for g, t in zip(self.gaps, self.tolerance))
+        """Every step within its tolerance, and the check ran where the math needed it (True when not checked on purpose) (chapter 7)."""
+        return not self.error and all(g <= t for g, t in zip(self.gaps, self.tolerance))
+
+    @property
+    def first_over(self) -> int | None:
+        """The first (1-based) step whose gap is past its tolerance, or None (chapter 7)."""
+        over = [i for i, (g, t) in enumerate(zip(self.gaps, self.tolerance)) if g > t]
+        return over[0] + 1 if over else None
 
     @property
     def worst(self) -> tuple[int, float]:
@@ -132,6 +139,11 @@ class SameMath(Printed):
     def verdict(self) -> str:
         """One line: same math or not, over how many steps, and by how much (chapter 7)."""
         n, largest = len(self.gaps), max(self.gaps, default=0.0)
+        if self.error:
+            return (
+                f"{self.label}: NOT CHECKED, and this lever must keep the math: the check could "
+                f"not run ({self.error})"
+            )
         if not self.checked:
             return (
                 f"{self.label}: {self.note}; largest gap over {n} steps {largest:.1e} (not checked)"
@@ -149,6 +161,8 @@ class SameMath(Printed):
         )
 
     def __str__(self) -> str:
+        if not self.gaps:
+            return self.verdict()
         rows = [("gap", self.gaps)] + ([("tolerance", self.tolerance)] if self.checked else [])
         shown = min(len(self.gaps), self.steps_shown)
         lines = [
@@ -162,10 +176,33 @@ class SameMath(Printed):
         return "\n".join(lines)
 
     def check(self) -> SameMath:
-        """Raise AssertionError (with the per-step table) unless passed; return self (chapter 7)."""
+        """Raise AssertionError (with the per-step table) unless passed, or if a check the math needed did not run; return self (chapter 7)."""
         if not self.passed:
             raise AssertionError(str(self))
         return self
+
+    def as_control(self) -> str:
+        """One line for a change of the math made on purpose: whether, and from which step, the check sees it (chapter 7)."""
+        if not self.checked:
+            raise ValueError(f"{self.label}: a control needs a noise floor to be held against.")
+        step, ratio = self.worst
+        n = len(self.gaps)
+        if self.first_over is None:
+            return (
+                f"{self.label}: within the tolerance over all {n} steps (closest at step {step}, "
+                f"{ratio:.2g}x the tolerance): over {n} steps this check cannot tell "
+                f"{self.note or 'it'} from this device's noise"
+            )
+        return (
+            f"{self.label}: past the tolerance from step {self.first_over} of {n} (worst: step "
+            f"{step}, {ratio:.3g}x the tolerance, {self.factor:g} x the noise floor): the "
+            f"check sees {self.note or 'it'}"
+        )
+
+
+def check_not_run(label: str, error: str) -> SameMath:
+    """A same-math check that the math needed and that could not run: it fails, with the reason (chapter 7)."""
+    return SameMath(label, [], None, error=error or "no reason given")
 
 
 def same_math(

@@ -566,7 +566,10 @@ def test_the_final_verdict_when_nothing_helped() -> None:
         search.same_math(search.baseline)
 
 
-def test_a_check_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_check_that_cannot_run_fails_where_the_math_must_be_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An OOM (or a failed recompile, a diverged rerun) while building the floor is no pass."""
     search = LeverSearch(make_trainer, scripted_measure)
 
     def broken(levers: Levers) -> None:
@@ -574,8 +577,36 @@ def test_a_check_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(search, "floor", broken)
     sdpa = search.try_lever("sdpa")
-    assert sdpa.check.gaps == [] and sdpa.check.passed
-    assert sdpa.check.note == "not checked: RuntimeError: no memory left for the rerun"
+    assert sdpa.check.gaps == [] and not sdpa.check.passed
+    assert sdpa.check.error == "RuntimeError: no memory left for the rerun"
+    assert sdpa.check.label == "sdpa vs baseline"
+    with pytest.raises(AssertionError, match="NOT CHECKED, and this lever must keep the math"):
+        sdpa.check.check()
+
+
+def test_a_rounding_lever_whose_comparison_cannot_run_is_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def measure(t: Trainer) -> LeverRow:
+        return row(t.levers.label(), step_s=0.01, spread=0.01, first_losses=t.losses(4))
+
+    search = LeverSearch(make_trainer, measure)
+    monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
+    monkeypatch.setattr(search, "row_for", lambda levers: None)  # the parent's row is gone
+    tf32 = search.try_lever("tf32")
+    assert tf32.check.passed and tf32.check.check() is tf32.check and not tf32.check.error
+    assert tf32.check.note == (
+        "rounding changed by tf32 on purpose; not compared: ValueError: 'baseline' was not "
+        "measured: measure it first."
+    )
+
+
+def test_a_check_whose_parent_was_never_measured_fails() -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+    orphan = row("resident + sdpa", first_losses=[5.0, 4.0])
+    orphan.levers, orphan.parent = Levers(resident=True, sdpa=True), Levers(resident=True)
+    search._check(orphan)
+    assert not orphan.check.passed and "'resident' was not measured" in orphan.check.error
 
 
 def test_lever_search_drops_a_lever_that_raises(
