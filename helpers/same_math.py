@@ -9,9 +9,19 @@ floor** of that configuration on this device.
 
 A lever that computes the same math (the same kernels fed differently, or the same sums
 added in another order) stays within a small multiple of that floor at every step; a change
-of the math goes well past it (this chapter's CPU GPT on the course's CI machine, 2026-11-27: a
-learning rate 0.1% larger, 40x the floor at step 2 and over 1,000x by step 20; bf16 autocast,
-60-1,000x).
+of the math goes past it, sooner or later. How soon, this chapter measures with a negative
+control (a learning rate 0.1% larger) on the learner's own device. On the course's 2-core CI
+machine (2026-11-27, torch 2.13 CPU, 1 torch thread, other processes keeping 1.1 cores busy),
+this chapter's CPU GPT gave: a learning rate 0.1% larger, 0.81x the tolerance at step 2 and
+past it from step 3 (3.1x; 8.7x at step 8, 36x at step 24); 0.01% larger, within it for 8 steps
+(0.84x at step 8) and past it from step 9; SDPA without its causal mask, 53x at step 1; SDPA
+and fused AdamW themselves, at most one loss ulp (0.016x) in 24 steps. On a GPU the floor is
+wider (atomic additions), so the step at which a change shows is the device's own: the
+chapter prints it. tests/test_same_math_controls.py plants real bugs in the chapter's Trainer
+(a tiny GPT, 8 steps): the causal mask dropped fails at step 1, the gradient clipping dropped
+from step 4, while SDPA and fused AdamW stay within one loss ulp; and it shows what 8 steps
+cannot see: attention's scale 10% off, on an initial attention that is nearly uniform.
+
 The multiple is ``SAME_MATH_FACTOR`` = 64 = 2^6: half-way, in powers of two, between fp32's
 rounding (unit roundoff 2^-24, what the floor measures) and TF32's, the next coarser format a
 lever uses (2^-11, 2^13 times coarser).
