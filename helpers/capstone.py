@@ -6,6 +6,7 @@ import atexit
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -398,7 +399,7 @@ class LeverRow:
     levers: Levers | None = None
     parent: Levers | None = None  # the configuration this row's lever was added to or removed from
     machine: MachineState | None = None  # what else the machine did while it was timed
-    compile_cache: str = ""  # "cold" or "warm": Inductor's on-disk cache before the first interval
+    compile_cache: str = ""  # how the first interval's compile met Inductor's FX-graph cache
     check: SameMath | None = None  # its losses against its parent's (LeverSearch fills it in)
 
     def timing_row(self) -> dict[str, Any]:
@@ -424,19 +425,25 @@ class LeverRow:
         }
 
 
-def inductor_cache_dir() -> Path:
-    """Where torch.compile keeps its on-disk caches: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp folder (chapter 7)."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    user = os.environ.get("USER") or os.environ.get("USERNAME") or "unknown_user"
-    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+def fx_graph_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of Inductor's FX-graph cache in this process so far, from torch._dynamo's counters; (0, 0) before anything compiled (chapter 7)."""
+    utils = sys.modules.get("torch._dynamo.utils")  # imported by the first torch.compile call
+    inductor = getattr(utils, "counters", {}).get("inductor", {})
+    return int(inductor.get("fxgraph_cache_hit", 0)), int(inductor.get("fxgraph_cache_miss", 0))
 
 
-def compile_cache_state() -> str:
-    """'cold' when Inductor's on-disk cache holds nothing yet, 'warm' when earlier compiles left files there (chapter 7)."""
-    path = inductor_cache_dir()
-    warm = path.is_dir() and any(p.is_file() for p in path.rglob("*"))
-    return "warm" if warm else "cold"
+def compile_cache_label(levers: Levers, before: tuple[int, int], after: tuple[int, int]) -> str:
+    """How a first interval's compile met Inductor's FX-graph cache, from the counts before and after it; '' when nothing compiles (chapter 7)."""
+    if not levers.compile:  # graphs alone: the 'cudagraphs' backend captures eager kernels
+        return "n/a (no Inductor)" if levers.graphs else ""
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    if hits == misses == 0:
+        return "unknown (no FX-graph cache lookup counted: the cache may be off in this torch)"
+    if hits == 0:
+        return f"cold cache ({misses} graph(s) compiled)"
+    if misses == 0:
+        return f"warm cache ({hits} graph(s) loaded)"
+    return f"partly warm cache ({hits} graph(s) loaded, {misses} compiled)"
 
 
 def use_fresh_compile_cache() -> Path:
@@ -459,12 +466,12 @@ def measure_trainer(
 ) -> LeverRow:
     """The first `check_steps` losses (the first interval timed: set-up, compiling), then helpers.timing.benchmark; memory and MFU (chapter 7)."""
     device = trainer.device
-    compiled = trainer.levers.compile or trainer.levers.graphs
-    cache = compile_cache_state() if compiled else ""
+    counts = fx_graph_cache_counts()
     synchronize(device)
     start = time.perf_counter()
     first_losses = trainer.run()  # the first interval: set-up, and compiling when compile is on
     first = time.perf_counter() - start
+    cache = compile_cache_label(trainer.levers, counts, fx_graph_cache_counts())
     if check_steps and check_steps > len(first_losses):
         first_losses += trainer.losses(check_steps - len(first_losses))
     with track_peak(device) as peak:
