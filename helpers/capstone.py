@@ -528,13 +528,16 @@ def keep_verdict(row: LeverRow, best: LeverRow) -> tuple[bool, str]:
     return keep, text + ("; on a busy machine: re-run to confirm" if busy else "")
 
 
-def removal_verdict(name: str, without: LeverRow, final: LeverRow) -> tuple[bool, str]:
-    """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads (chapter 7)."""
+def removal_verdict(
+    name: str, without: LeverRow, final: LeverRow, origin: str = ""
+) -> tuple[bool, str]:
+    """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads; `origin`: the pass that kept it (chapter 7)."""
     gain, noise, busy = timing_gain(without, final)
     at = f"at a {1e3 * without.step_s:.4g} ms step"
     if abs(gain - 1) <= noise:
         remove = False
-        text = f"{name} stays (from the greedy pass): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
+        kept_by = f"kept by {origin}" if origin else f"on in {final.label}"
+        text = f"{name} stays ({kept_by}): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
     elif gain > 1:
         remove, text = True, f"{name} removed: {gain:.2f}x faster without it (noise ±{noise:.0%})"
     else:
@@ -605,6 +608,7 @@ class LeverSearch:
         self.side: list[LeverRow] = []  # rows measured beside the search (FP8, checkpointing)
         self.trainers: dict[Levers, Trainer] = {self.current: baseline}
         self.floors: dict[Levers, NoiseFloor] = {}
+        self.origins: dict[str, str] = {}  # lever -> the pass that switched it on in the final
 
     @property
     def baseline(self) -> LeverRow:
@@ -649,6 +653,7 @@ class LeverSearch:
         self._check(row)
         if keep:
             parent, self.current, self.best = self.current, levers, row
+            self.origins[name] = "the greedy pass"
             self._keep_trainer(levers, self._last_trainer, parent)
         print(f"{name}: {row.kept}; now {self.best.speedup:.2f}x the baseline")
         return row
@@ -662,7 +667,8 @@ class LeverSearch:
         if getattr(levers, name):
             row.kept = keep_verdict(row, parent)[1]
         else:
-            row.kept = removal_verdict(name, row, parent)[1]
+            origin = self.origins.get(name, "") if parent.levers == self.current else ""
+            row.kept = removal_verdict(name, row, parent, origin)[1]
         self.side.append(row)
         self._check(row)
         return row, ""
@@ -770,7 +776,8 @@ class LeverSearch:
                 if getattr(levers, name):  # switched on: kept if it beats the final
                     better, row.kept = keep_verdict(row, final)
                 else:  # switched off: removed only if the final is slower with it
-                    better, row.kept = removal_verdict(name, row, final)
+                    origin = self.origins.get(name, "")
+                    better, row.kept = removal_verdict(name, row, final, origin)
                 gain = final.step_s / row.step_s
                 if better and gain > best_gain:
                     best_gain, best_row = gain, row
@@ -778,6 +785,11 @@ class LeverSearch:
                 print(f"ablation pass {number}: no lever switched on or off beats the final")
                 return True
             print(f"ablation pass {number}: {best_row.label} beats the final, {best_gain:.2f}x")
+            switched = changed_lever(best_row.levers, self.current)
+            if getattr(best_row.levers, switched):
+                self.origins[switched] = f"ablation pass {number}"
+            else:
+                self.origins.pop(switched, None)
             self.current, self.best = best_row.levers, best_row
         print(f"ablation: stopped after {max_passes} passes, still changing")
         return False

@@ -399,9 +399,10 @@ def test_removal_verdict() -> None:
     )
     assert removal_verdict("resident", row("sdpa", step_s=0.0101), final) == (
         False,
-        "resident stays (from the greedy pass): not shown to help at a 10.1 ms step now "
-        "(1.01x, noise ±2%)",
+        "resident stays (on in resident + sdpa): not shown to help at a 10.1 ms step now (1.01x, noise ±2%)",
     )
+    kept_by = removal_verdict("resident", row("sdpa", step_s=0.0101), final, "ablation pass 2")
+    assert kept_by[1].startswith("resident stays (kept by ablation pass 2): not shown to help")
 
 
 def test_cost_and_throughput_verdicts() -> None:
@@ -526,6 +527,24 @@ def test_the_ablation_removes_a_lever_that_now_slows_the_step() -> None:
     assert search.ablate(("resident",), max_passes=1) is False  # changed, and out of passes
     assert search.current == Levers(sdpa=True)
     assert search.ablation[1].kept == "resident removed: 1.06x faster without it (noise ±2%)"
+
+
+def test_a_lever_an_ablation_pass_added_is_said_to_come_from_it() -> None:
+    steps = {"baseline": 0.010, "sdpa": 0.008, "resident + sdpa": 0.007, "resident": 0.0099}
+
+    def scripted(t: Trainer) -> LeverRow:
+        label = t.levers.label()
+        return row(label, step_s=steps[label], spread=0.01, first_losses=t.losses(2))
+
+    search = LeverSearch(make_trainer, scripted)
+    search.try_lever("sdpa")
+    assert search.ablate(("resident", "sdpa"), max_passes=1) is False
+    assert search.current == Levers(resident=True, sdpa=True)
+    steps.update({"sdpa": 0.00701, "resident": 0.00702})  # now neither is shown to help
+    assert search.ablate(("resident", "sdpa"), max_passes=1) is True
+    kept = {r["change"]: r["kept?"] for r in search.ablation_table()[-2:]}
+    assert kept["- resident"].startswith("resident stays (kept by ablation pass 1): not shown")
+    assert kept["- sdpa"].startswith("sdpa stays (kept by the greedy pass): not shown to help")
 
 
 def test_side_rows_and_measured_references() -> None:

@@ -78,7 +78,7 @@ ALLOWED: list[tuple[str, str, str]] = [
     ),
     (
         "helpers/capstone.py",
-        "stays (from the greedy pass)",
+        "now ({1 / gain:.2f}x",
         "removal_verdict: a compare_rows ratio",
     ),
     ("helpers/capstone.py", "removed: {gain:.2f}x", "removal_verdict: a compare_rows ratio"),
