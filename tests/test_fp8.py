@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
+from notebook_code import cell_containing
 from torch import nn
 
 from helpers import fp8
@@ -30,6 +32,7 @@ from helpers.fp8 import (
 )
 from helpers.gpt import GPTConfig, make_gpt
 from helpers.peaks import _PEAK_TABLE, peak_row
+from helpers.same_math import same_math
 
 #: kind -> FP8 tensor cores? (compute capability 8.9+ on NVIDIA)
 HARDWARE = {
@@ -262,3 +265,60 @@ def test_fp8_plan_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fp8_plan("cpu")[0] == "emulated"
     monkeypatch.setattr(fp8, "torchao_version", lambda: None)
     assert fp8_plan("cpu")[0] == "none"
+
+
+CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / "07_capstone.ipynb"
+
+
+class FailingSearch:
+    """What chapter 7's FP8 cells read of a LeverSearch; its FP8 run raises, as on a broken install."""
+
+    def __init__(self) -> None:
+        self.current = types.SimpleNamespace(plus=lambda name: name)
+        self.calls: list[str] = []
+
+    def side_row(self, levers: object, parent: object) -> tuple[None, str]:
+        self.calls.append(str(levers))
+        return None, "RuntimeError: torchao float8 needs torch.compile here"
+
+
+class StandInTrainer:
+    """The emulated branch's Trainer: a model to convert, constant losses."""
+
+    model = None
+
+    def losses(self, steps: int) -> list[float]:
+        return [5.0] * steps
+
+
+@pytest.mark.parametrize("kind", ["h100_sxm", "a100"])
+def test_the_chapters_fp8_cells_never_hide_a_failure(
+    fake_gpu,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,  # noqa: ANN001
+) -> None:
+    """On an FP8 GPU a failed run prints its error and emulates nothing; without FP8, emulation."""
+    gpu = fake_gpu(kind)
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
+    emulated: list[bool] = []
+    monkeypatch.setattr(fp8, "convert_fp8", lambda model, emulate: emulated.append(emulate))
+
+    search = FailingSearch()
+    namespace = {
+        "device": gpu.device, "search": search, "final": object(), "Levers": lambda: None,
+        "trainer": lambda levers: StandInTrainer(), "CHECK_STEPS": 2, "estimate": 1.0,
+        "baseline_losses": [5.0, 5.0], "same_math": same_math,
+    }  # fmt: skip
+    for marker in ("fp8_mode, fp8_why = fp8_plan(device)", 'elif fp8_mode == "emulated"'):
+        exec(cell_containing(CHAPTER, marker), namespace)
+    out = capsys.readouterr().out
+    if kind == "h100_sxm":  # FP8 tensor cores: measured for real, and its failure said
+        assert search.calls == ["fp8"] and emulated == []
+        assert "FP8 FAILED on this FP8-capable GPU: RuntimeError: torchao float8 needs" in out
+        assert "no FP8 row here: the run failed (the reason is printed above)" in out
+        assert "skipped here: ." not in out and "FP8 skipped" not in out
+    else:  # no FP8 tensor cores: the rounding emulated, nothing measured
+        assert search.calls == [] and emulated == [True]
+        assert "FP8 not measured here: NVIDIA A100-SXM4-80GB is compute capability 8.0" in out
+        assert "FP8, emulated, vs fp32: the rounding FP8 makes" in out

@@ -149,11 +149,6 @@ ALLOWED: list[tuple[str, str, str]] = [
         "final vs the public recipe",
         "this run against a cited figure, not a row",
     ),
-    (
-        "notebooks/07_capstone.ipynb",
-        "one rank alone",
-        "two runs of one launch, losses asserted equal",
-    ),
     # --- not a ratio between two timing rows --------------------------------------------------
     (
         "notebooks/01_devices.ipynb",
