@@ -38,6 +38,9 @@ W7_PINS = "ipywidgets==7.7.1" "jupyterlab_widgets>=1.1,<2" "widgetsnbextension>=
 # The unit tests that touch widgets: files found by grep, then test functions picked by
 # tools/widget_tests_only.py, so new chapters' widget tests join by themselves.
 W7_UNIT_TESTS = $(filter-out tests/test_colab_compat.py,$(shell grep -lE 'ipywidgets|interactive_plot|run_button' tests/test_*.py))
+# The notebooks that use widgets (chapters 1-7 today; no solution or exercise has one):
+# the ipywidgets-7 lane runs these, so a notebook that gains a widget joins by itself.
+W7_NOTEBOOKS = $(shell grep -lE 'ipywidgets|interactive_plot|run_button|widgets\.' $(addsuffix /*.ipynb,$(NB_DIRS)))
 # In the ipywidgets-7 lane the browser runs the widget self-test notebook only.
 W7_BROWSER_ARGS ?= -k selftest
 RUN_ALL_ARGS ?=
@@ -114,11 +117,11 @@ test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint +
 	$(TEST_VENV)/bin/python -m pytest tests $(NB_DIRS) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 --timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
 
-test-widgets7: $(W7_VENV)/.installed ## the notebooks, widget tests and browser self-test with ipywidgets 7.7.1 (Colab's)
+test-widgets7: $(W7_VENV)/.installed ## the notebooks with widgets, widget tests and browser self-test with ipywidgets 7.7.1 (Colab's)
 	bash tools/ensure_chromium.sh
 	$(W7_VENV)/bin/python -c "import ipywidgets as w; assert w.__version__ == '7.7.1', w.__version__; print('ipywidgets', w.__version__)"
 	PYTHONPATH=tools $(W7_VENV)/bin/python -m pytest -p widget_tests_only \
-		$(NB_DIRS) $(W7_UNIT_TESTS) tests/test_colab_compat.py \
+		$(W7_NOTEBOOKS) $(W7_UNIT_TESTS) tests/test_colab_compat.py \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 --timeout=900 \
 		-W "ignore::DeprecationWarning:ipywidgets.widgets.widget" -p no:cacheprovider $(PYTEST_ARGS)
 	$(W7_VENV)/bin/python -m pytest tests/browser $(W7_BROWSER_ARGS) -p no:cacheprovider $(PYTEST_ARGS)

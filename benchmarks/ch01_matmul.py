@@ -382,11 +382,14 @@ def clock_explains(pair: list[dict[str, Any]]) -> str:
         }
         for r in pair
     ]
-    same = compare_rows(per_clock, "method", "burst", "sweep", "% at this clock", iqr="IQR")
+    same = compare_rows(
+        per_clock, "method", "burst", "sweep", "% at this clock", iqr="IQR", higher_is_better=True
+    )  # ratio = burst / sweep per clock, the direction of pair_verdict's burst-vs-sweep ratio
     clocks = f"burst {pair[0]['SM MHz']} MHz, sweep {pair[1]['SM MHz']} MHz"
+    per = f"burst/sweep per clock {same.ratio:.2f}x"
     if not same.conclusive:
-        return f"the clock explains it ({clocks}; per clock {same.ratio:.2f}x, within the spreads)"
-    return f"not the clock ({clocks}; per clock {same.ratio:.2f}x): rerun to see whether it repeats"
+        return f"the clock explains it ({clocks}; {per}, within the spreads)"
+    return f"not the clock ({clocks}; {per}): rerun to see whether it repeats"
 
 
 def burst_verdict(pairs: list[BurstPair]) -> str:

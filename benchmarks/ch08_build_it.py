@@ -34,7 +34,8 @@ ranks, at the chapter's sizes for each), then prints:
    2 gloo ranks, the bucketed overlapped way within 1.1x of DDP's step time and faster than
    the per-parameter way; on a GPU, the overlapped ways' hidden communication;
 5. ZeRO-1: Adam's moment bytes per rank against every rank's full Adam; the target is exactly
-   1/world (the script's default model has a multiple of 6 parameters).
+   1/world (the script's default model has 4,200 parameters, a multiple of 840 = lcm(1..8), so
+   every world size from 1 to 8 divides it).
 
 ``--part attention`` or ``--part parallel`` runs one part only.
 

@@ -32,7 +32,8 @@ Chapter 2, the training loop
 - ``helpers.syncs``: counting host syncs on any device
 - ``helpers.batching``: device-resident batches, samplers, a slow dataset
 - ``helpers.loops``: the sources' loop and the fast loop, flat parameters + FlatAdam, threads,
-  timing, and ``same_but_for`` (two runs equal once a measured effect, capturable Adam's, is removed)
+  timing, and ``same_but_for`` (two runs equal once a measured effect is removed: ``adam_pair``
+  measures capturable Adam's, or MPS fused Adam's, float32 bias corrections)
 - ``helpers.throughput``: the batch-size sweep, its plot and widget
 
 Chapter 3, mixed precision

@@ -94,8 +94,17 @@ def sweep_plan(device: str | torch.device, lengths: Sequence[int] | None = None)
         methods.append("triton")
     plan = SweepPlan(device, dtype, batch, heads, 64, lengths, tuple(methods), why)
     if status.mode != "compiled":
-        plan.notes.append(f"triton not timed (it needs a compiled kernel on a GPU): {status}")
-    if not gpu:
+        plan.notes.append(
+            f"triton not timed (it needs a kernel compiled for an NVIDIA or AMD GPU): {status}"
+        )
+    if device.type == "mps":
+        plan.notes.append(
+            "an Apple GPU (MPS): the CPU's shorter lengths and batch, and SDPA's default only "
+            "(its per-kernel rows are CUDA kernels); no peak memory column: MPS reports the "
+            "memory allocated now, not a peak, and sampling it every ms is too coarse for one "
+            "forward; section 1's saved bytes are the measure of memory here"
+        )
+    elif not gpu:
         plan.notes.append(
             "no peak memory column: on a CPU it would be process RSS sampled every ms (chapter "
             "1), too coarse for one forward; section 1's saved bytes are the CPU's measure"
@@ -237,6 +246,54 @@ def memory_slopes(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         if len(measured) >= 2:
             slopes[method] = loglog_slope([r["T"] for r in measured], [r["peak MiB"] for r in measured])  # fmt: skip
     return slopes
+
+
+#: The caching allocator hands out whole multiples of 512 bytes (without roundup_power2_divisions).
+ALLOCATOR_ROUNDING = 512
+#: SDPA's fused kernels: by construction they never hold a T x T matrix of scores.
+FUSED_SDPA = tuple(f"sdpa {k}" for k in SDPA_KERNELS)
+
+
+def peak_rule(plan: SweepPlan, method: str, t: int) -> tuple[int, int | None, str]:
+    """Bytes a method's peak must reach, must stay below (None: no limit), and the rule, at T = t (chapter 8).
+
+    Every method holds its output, B x H x T x d in the input dtype. The written-out attention
+    holds at least one T x T tensor of scores, B x H x T^2 of them. SDPA's fused kernels and the
+    Triton kernel never do; the Triton kernel allocates exactly the output and a float32
+    log-sum-exp per row, each rounded up to the caching allocator's 512 bytes. SDPA's default
+    may fall back to its math kernel and the PyTorch tiles hold several fp32 tiles: only the
+    output is certain for them.
+    """
+    rows, size = plan.batch * plan.heads * t, plan.dtype.itemsize
+    out, lse, scores = rows * plan.head_dim * size, rows * 4, rows * t * size
+    if method == "written out":
+        return scores, None, ">= one T x T tensor of scores"
+    if method == "triton":
+        return out + lse, out + lse + 2 * ALLOCATOR_ROUNDING, "= output + lse (allocator rounding)"
+    if method in FUSED_SDPA:
+        return out, scores, ">= output, < one T x T tensor"
+    return out, None, ">= output"
+
+
+def peak_checks(plan: SweepPlan, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with an exact peak (CUDA) against peak_rule: a table row, "holds" True where it does (chapter 8)."""
+    checks = []
+    for r in rows:
+        if "peak MiB" not in r:
+            continue
+        low, high, rule = peak_rule(plan, r["method"], r["T"])
+        peak = round(r["peak MiB"] * MiB)  # the increase in bytes, an integer
+        checks.append(
+            {
+                "row": r["row"],
+                "peak MiB": r["peak MiB"],
+                "rule": rule,
+                "at least MiB": low / MiB,
+                "below MiB": "" if high is None else high / MiB,
+                "holds": peak >= low and (high is None or peak < high),
+            }
+        )
+    return checks
 
 
 def plot_attention_timing(rows: Sequence[dict[str, Any]]) -> Figure:

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from helpers.batching import ResidentBatches
 from helpers.devices import resolve_device
-from helpers.loops import fast_epoch
+from helpers.loops import make_adam
 from helpers.validate import positive_int
 
 
@@ -53,7 +52,7 @@ def capturable_adam(params: Iterable[nn.Parameter], lr: float = 1e-3) -> torch.o
     (float64). fp32(0.999) = 0.99900001287, so sqrt(1 - beta2**t) comes out about 6e-6 too
     small, relative, and every update about 6e-6 smaller (bias_correction_rows).
     """
-    return torch.optim.Adam(params, lr=lr, capturable=True, foreach=True)
+    return make_adam(params, lr=lr, impl="capturable")
 
 
 def bias_correction_rows(
@@ -81,32 +80,6 @@ def bias_correction_rows(
             }
         )
     return rows
-
-
-@dataclass
-class EagerRun:
-    """The losses of every step and the final parameters (one vector) of one training run (chapter 2)."""
-
-    losses: list[float]
-    params: torch.Tensor
-
-
-def capturable_pair(
-    make_model: Callable[[], nn.Module],
-    make_batches: Callable[[], Iterable],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    epochs: int,
-    lr: float = 1e-3,
-) -> tuple[EagerRun, EagerRun]:
-    """The eager loop twice from the same start and batches: foreach Adam with capturable False, then True (chapter 2)."""
-    epochs = positive_int(epochs, "epochs")
-    runs = []
-    for capturable in (False, True):
-        model, batches = make_model(), make_batches()
-        opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True, capturable=capturable)
-        losses = [v for _ in range(epochs) for v in fast_epoch(model, batches, opt, loss_fn)]
-        runs.append(EagerRun(losses, parameters_to_vector(model.parameters()).detach().clone()))
-    return runs[0], runs[1]
 
 
 def capture_steps(

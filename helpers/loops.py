@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
 
 from helpers.devices import resolve_device, synchronize
 from helpers.units import Printed
@@ -18,10 +19,12 @@ from helpers.validate import positive_int
 #: Two of chapter 2's loops that differ only in rounding (Sigmoid + BCELoss against
 #: BCEWithLogitsLoss, for-loop against foreach or fused Adam or FlatAdam, a CUDA graph against
 #: the same kernels run eagerly) give losses within this of each other, step for step, over its
-#: 314 steps: measured at most 1.2e-7 (two units in the last place of the loss) on seeds 0-7
-#: (CPU, torch 2.13, tests/test_same_math_ch02.py), so it leaves about 80x headroom. It bounds
-#: rounding only: a change of the math itself (capturable Adam's fp32 bias correction) must be
-#: measured and removed first (same_but_for's `effect`).
+#: 314 steps. tests/test_same_math_ch02.py computes those gaps on permutation seeds 0-7
+#: (test_rounding_only_pairs_leave_headroom): on 2026-11-27, on the course's 2-core CI machine
+#: (a Xeon under KVM, torch 2.13 CPU, 1 thread, the CPU shared with a CI run), at most 1.2e-7,
+#: two units in the last place of the loss, so 1e-5 leaves about 80x headroom. It bounds
+#: rounding only: a change of the math itself (Adam's bias corrections from a float32 beta:
+#: float32_bias_corrections) must be measured and removed first (same_but_for's `effect`).
 ROUNDING_RTOL, ROUNDING_ATOL = 1e-4, 1e-5
 #: The same for the parameters after those 314 steps: rounding moved a few parameters further
 #: than the losses, at most 1.4e-6 (seed 5, the same runs), so 1e-4 leaves about 70x headroom.
@@ -42,8 +45,13 @@ def best_adam_impl(device: str | torch.device) -> str:
 def make_adam(
     params: Iterable[nn.Parameter], lr: float = 1e-3, impl: str = "for-loop"
 ) -> torch.optim.Adam:
-    """Adam with one implementation: 'for-loop' (one op per tensor), 'foreach' or 'fused' (chapter 2)."""
-    flags = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    """Adam with one implementation: 'for-loop' (one op per tensor), 'foreach', 'fused' or 'capturable' (chapter 2)."""
+    flags = {
+        "for-loop": {"foreach": False},
+        "foreach": {"foreach": True},
+        "fused": {"fused": True},
+        "capturable": {"foreach": True, "capturable": True},  # what a CUDA graph needs
+    }
     if impl not in flags:
         raise ValueError(f"impl must be one of {tuple(flags)}, got {impl!r}.")
     params = list(params)
@@ -56,6 +64,32 @@ def make_adam(
                 f"{torch.__version__}. Use impl='foreach' (or best_adam_impl(device))."
             )
     return torch.optim.Adam(params, lr=lr, **flags[impl])
+
+
+#: The device types whose fused Adam kernel computes the bias corrections 1 - beta**t from beta
+#: as a double, like the Python floats of the for-loop and foreach paths, and rounds only the
+#: result to float32: CUDA (aten/src/ATen/native/cuda/fused_adam_utils.cuh, beta a double) and
+#: the CPU (native/cpu/FusedAdamKernel.cpp: "need to use double here to align with non-fused
+#: adam"). MPS's Metal kernel (native/mps/kernels/FusedOptimizerOps.metal) takes `constant
+#: float& beta1, beta2` and computes 1 - pow(beta, t) in float32; other devices' fused kernels
+#: are not known here.
+FUSED_ADAM_FLOAT64_DEVICES = ("cuda", "cpu")
+
+
+def float32_bias_corrections(impl: str, device: str | torch.device) -> bool:
+    """Whether make_adam(impl=...) computes 1 - beta**t from a float32 beta on `device`: capturable anywhere, fused off CUDA and CPU (chapter 2).
+
+    Where it does, the run differs from float64 Adam by a few parts per million per update,
+    systematically (fp32(0.999) = 0.99900001287): not rounding, so measure it (adam_pair).
+    """
+    kinds = ("for-loop", "foreach", "fused", "capturable")
+    if impl not in kinds:
+        raise ValueError(f"impl must be one of {kinds}, got {impl!r}.")
+    if impl == "capturable":  # the step count is a float32 tensor: torch._foreach_pow(beta, steps)
+        return True
+    if impl == "fused":
+        return resolve_device(device).type not in FUSED_ADAM_FLOAT64_DEVICES
+    return False  # Python floats: 1 - beta**step in float64
 
 
 def flatten_parameters(model: nn.Module) -> nn.Parameter:
@@ -185,6 +219,33 @@ def time_once(fn: Callable[[], object], device: str | torch.device = "cpu") -> f
     fn()
     synchronize(device)
     return time.perf_counter() - start
+
+
+@dataclass
+class EagerRun:
+    """The losses of every step and the final parameters (one vector) of one training run (chapter 2)."""
+
+    losses: list[float]
+    params: torch.Tensor
+
+
+def adam_pair(
+    make_model: Callable[[], nn.Module],
+    make_batches: Callable[[], Iterable],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    epochs: int,
+    impl: str,
+    lr: float = 1e-3,
+) -> tuple[EagerRun, EagerRun]:
+    """The eager loop twice from the same start and batches: foreach Adam, then make_adam(impl=...); what `impl` changes (chapter 2)."""
+    epochs = positive_int(epochs, "epochs")
+    runs = []
+    for kind in ("foreach", impl):
+        model, batches = make_model(), make_batches()
+        opt = make_adam(model.parameters(), lr=lr, impl=kind)
+        losses = [v for _ in range(epochs) for v in fast_epoch(model, batches, opt, loss_fn)]
+        runs.append(EagerRun(losses, parameters_to_vector(model.parameters()).detach().clone()))
+    return runs[0], runs[1]
 
 
 def _as_vector(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:

@@ -29,6 +29,10 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - returns the fac
     """A factory that makes torch report a GPU without one: fake_gpu("t4") (tests/fake_gpu.py)."""
     from fake_gpu import FakeGpu, install
 
+    # torch._dynamo reads the device's properties when it is first imported (torch 2.15: through
+    # torch._inductor.utils), and optimizers import it lazily: import it while torch is real.
+    import torch._dynamo  # noqa: F401
+
     def make(kind: str = "h100_sxm", *, count: int = 1, name: str | None = None) -> FakeGpu:
         monkeypatch.delenv("COURSE_DEVICE", raising=False)
         return install(monkeypatch, kind, count=count, name=name)

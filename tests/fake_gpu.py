@@ -634,6 +634,10 @@ def install(
             "current_device_idx": lambda: 0 if spec.backend == "mps" else gpu.current,
             "synchronize": gpu.synchronize,
             "get_memory_info": gpu.mem_get_info,
+            # torch 2.15's Optimizer.step asks the accelerator's stream whether it is capturing
+            "current_stream": lambda device=None: types.SimpleNamespace(
+                is_capturing=lambda: False, synchronize=gpu.synchronize
+            ),
             **memory,
         }
         for attr, fake in acc_fakes.items():

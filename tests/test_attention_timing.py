@@ -61,8 +61,12 @@ def test_cpu_and_mps_plans(fake_gpu) -> None:
     assert plan.dtype == torch.float32 and plan.lengths == tm.CPU_LENGTHS
     assert plan.methods == ("sdpa default", "pytorch tiles", "written out")
     assert any("no peak memory column" in n for n in plan.notes)
+    assert not any("MPS" in n for n in plan.notes)
     mps = tm.sweep_plan(fake_gpu("mps").device)
     assert mps.device.type == "mps" and mps.dtype == torch.float16 and "mps" in mps.why_dtype
+    assert mps.methods == plan.methods and mps.lengths == tm.CPU_LENGTHS
+    assert any("Apple GPU (MPS)" in n and "not a peak" in n for n in mps.notes)
+    assert not any("on a CPU" in n for n in mps.notes), mps.notes
 
 
 def test_check_methods_and_the_cpu_timing_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,6 +161,29 @@ def test_helpers_of_the_sweep() -> None:
         "written out",
     ):  # flash: a CPU kernel too
         assert tm.method_function(name, torch.device("cpu"))(q, q, q).shape == q.shape
+
+
+def test_each_peak_against_the_bytes_it_must_and_must_not_hold(fake_gpu) -> None:
+    plan = tm.sweep_plan(fake_gpu("h100_sxm").device, lengths=[512])
+    b, h, t, d, size = plan.batch, plan.heads, 512, plan.head_dim, plan.dtype.itemsize
+    out, lse, scores = b * h * t * d * size, b * h * t * 4, b * h * t * t * size
+    assert tm.peak_rule(plan, "triton", t)[:2] == (out + lse, out + lse + 1024)
+    assert tm.peak_rule(plan, "sdpa flash", t)[:2] == (out, scores)
+    assert tm.peak_rule(plan, "written out", t)[:2] == (scores, None)
+    assert tm.peak_rule(plan, "sdpa default", t)[:2] == tm.peak_rule(plan, "pytorch tiles", t)[:2] == (out, None)  # fmt: skip
+    peaks = {
+        "triton": (out + lse, True),
+        "sdpa flash": (2 * out, True),
+        "written out": (3 * scores + t * t, True),  # scores, masked, probabilities, mask
+        "sdpa efficient": (scores, False),  # a fused kernel never holds the T x T scores
+        "sdpa cudnn": (out - 1, False),  # below its own output
+        "sdpa default": (3 * scores, True),  # its math fallback may hold them
+    }
+    rows = [{"row": f"{m} @ {t}", "T": t, "method": m, "peak MiB": n / 2**20} for m, (n, _) in peaks.items()]  # fmt: skip
+    rows.append({"row": "written out @ 8192", "T": 8192, "method": "written out", "note": "skipped"})  # fmt: skip
+    checks = tm.peak_checks(plan, rows)
+    assert [c["holds"] for c in checks] == [ok for _, ok in peaks.values()]
+    assert tm.peak_checks(tm.sweep_plan("cpu"), [{"row": "x", "T": 8, "method": "triton"}]) == []
 
 
 def test_memory_slopes_from_the_peaks() -> None:

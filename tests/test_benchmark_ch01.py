@@ -260,6 +260,20 @@ def test_a_gap_at_the_same_clock_is_not_the_clock() -> None:
     assert "not the clock (burst 1665 MHz, sweep 1665 MHz" in text and "rerun" in text
 
 
+@pytest.mark.parametrize(("burst", "sweep"), [(900e3, 700e3), (700e3, 900e3), (771e3, 659e3)])
+def test_the_per_clock_ratio_reads_in_the_verdicts_direction(burst: float, sweep: float) -> None:
+    """At one clock the rate per clock is the rate, so the line's two ratios agree.
+
+    Version 4 as run before this fix printed "burst was 1.17x faster than sweep; not the clock
+    (...; per clock 0.85x)": the per-clock ratio was sweep/burst, the verdict's burst/sweep.
+    """
+    line = bench.burst_verdict([pair(burst, sweep, clocks=(1665, 1665))]).splitlines()[0]
+    per_clock = float(re.search(r"burst/sweep per clock (\d+\.\d+)x", line).group(1))
+    assert per_clock == pytest.approx(burst / sweep, abs=0.006), line
+    ahead = re.search(r"here, (burst|sweep) was \d+\.\d+x faster than", line).group(1)
+    assert (ahead == "burst") == (per_clock > 1), line
+
+
 def test_a_shared_gpu_is_not_called() -> None:
     text = bench.burst_verdict([pair(900e3, 700e3, machine=SHARED)])
     assert text.splitlines()[0].startswith("bf16 n=4096: inconclusive, GPU shared with 2 other")

@@ -22,12 +22,18 @@ def test_ch02_benchmark_prints_the_table() -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
-    assert "chapter 2 benchmark v4" in out and "flat parameters + FlatAdam" in out
+    assert "chapter 2 benchmark v5" in out and "flat parameters + FlatAdam" in out
     assert "same math, 2 epochs x 157 steps per seed" in out
     table = out.split("same math, ")[1].split("timed with")[0].split("----")[-1]
     seed_rows = [line.split() for line in table.splitlines()[1:] if line.strip()]
     assert [r[0] for r in seed_rows] == ["5", "2"] and all(r[-1] == "yes" for r in seed_rows)
     assert "timed with permutation seed 5:" in out
+    timing = out.split("timed with permutation seed 5:")[1].split("\nmachine: ")[0]
+    header, _, *lines = timing.strip().splitlines()
+    assert header.endswith("syncs/epoch  final is x faster (median)  (best rounds)"), header
+    syncs = {line.split("  ")[0].strip(): int(line.split()[-3]) for line in lines}
+    assert all(v == 157 for k, v in syncs.items() if k.startswith("sources'")), syncs
+    assert all(v == 1 for k, v in syncs.items() if not k.startswith("sources'")), syncs
     for row in ("sources' loop (", "resident loop, torch.optim.Adam", "final loop"):
         assert row in out
     assert "\nmachine: " in out, "the machine's state next to the timing table"
@@ -135,3 +141,32 @@ def test_floor_line(graphed: bool) -> None:
     else:
         assert "floor measured here (fastest step at batch 8-32): 1205 µs" in line
         assert "-1087 µs (0.10x) from it" in line
+
+
+def test_every_timed_loop_has_its_own_sync_count() -> None:
+    """The syncs/epoch column is counted for each timed loop, never copied from the final loop.
+
+    Version 4 printed the final loop's count for the two eager resident loops as well, which
+    were never counted (on CUDA the final loop is the graph loop).
+    """
+    bench = _load_script()
+    device = torch.device("cpu")
+    _, _, src, final, with_torch_adam, _ = bench.build(device, 5)
+    bce = torch.nn.BCEWithLogitsLoss()
+
+    def reads_three_times(t: torch.Tensor) -> None:
+        for _ in range(3):
+            t.sum().item()
+
+    loops = {
+        "sources": (None, bench.sources_epoch, src),
+        "resident, torch.optim.Adam": (1, bench.fast_epoch, (*with_torch_adam, bce)),
+        "resident, FlatAdam": (1, bench.fast_epoch, (*final, bce)),
+        "three reads": (None, reads_three_times, (torch.ones(3),)),
+    }
+    assert bench.count_syncs(loops, device) == {
+        "sources": 157,
+        "resident, torch.optim.Adam": 1,
+        "resident, FlatAdam": 1,
+        "three reads": 3,
+    }

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from notebook_code import notebook_functions
+from notebook_code import cell_containing, notebook_functions
 from torch import nn
 
 from helpers.machine_state import GpuTenants, MachineState, merge_states
@@ -221,6 +221,41 @@ def test_thread_verdict_names_the_fastest_and_the_runner_up(nb) -> None:  # noqa
     assert best == "2 thread(s)" and says.conclusive
     assert_ratio_is_the_tables(says, rows, "threads", "mm (ms)", "2 thread(s)", "1 thread(s)")
     assert nb.ns["thread_verdict"](rows[:1], "mm (ms)", "IQR (ms)", mm_t)[1].startswith("only one")
+
+
+@pytest.mark.parametrize(
+    ("medians", "conclusive"), [((800e-6, 1100e-6), True), ((800e-6, 805e-6), False)]
+)
+def test_the_thread_cell_on_a_gpu_prints_the_verdict_it_comments(
+    nb,  # noqa: ANN001
+    capsys,  # noqa: ANN001
+    medians: tuple[float, float],
+    conclusive: bool,
+) -> None:
+    """Cell 68 on a GPU: the tiny-step verdict is printed as it is, and the note under it says
+    "as expected" only when the verdict is not conclusive (it used to call any difference noise).
+    """
+    need(nb, "thread_verdict", "machine")
+    step_t = {1: result(medians[0]), 2: result(medians[1])}
+    mm_t = {1: result(2.4e-3), 2: result(1.2e-3)}
+    rows = [
+        {
+            "threads": f"{n} thread(s)",
+            "tiny step on cuda (µs)": step_t[n].median * 1e6,
+            "IQR (µs)": step_t[n].iqr * 1e6,
+            "512² matmul on the CPU (ms)": mm_t[n].median * 1e3,
+            "IQR (ms)": mm_t[n].iqr * 1e3,
+        }
+        for n in step_t
+    ]
+    nb.ns.update(thread_rows=rows, step_t=step_t, mm_t=mm_t, device=torch.device("cuda"))
+    exec(cell_containing(NOTEBOOK, 'step_column = f"tiny step on'), nb.ns)
+    out = capsys.readouterr().out
+    assert f"tiny step: {nb.ns['step_says']}" in out
+    assert nb.ns["step_says"].conclusive is conclusive
+    assert ("measured beyond the spreads" in out) is conclusive
+    assert ("as expected" in out) is not conclusive
+    assert "noise" not in out
 
 
 @pytest.mark.parametrize(

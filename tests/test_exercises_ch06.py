@@ -304,6 +304,14 @@ def test_sorting_by_device_time_is_told_so() -> None:
     assert result.status == FAIL and "DEVICE time" in result.message
 
 
+def test_a_preempted_first_call_does_not_hide_the_device_time_hint(monkeypatch) -> None:  # noqa: ANN001
+    # CI, 2026-11-27: the tiny first call was preempted and became the biggest single call, so
+    # the device-time answer (the first row, as every device time is 0) got the single-call hint.
+    monkeypatch.setattr(checks, "_biggest_single_event", lambda p: list(p.key_averages())[0].key)
+    result = checks.check_top_self_op(by_device_time)
+    assert result.status == FAIL and "DEVICE time" in result.message, result.message
+
+
 def test_the_biggest_single_call_fails_on_many_small_calls() -> None:
     result = checks.check_top_self_op(by_biggest_call)
     assert result.status == FAIL

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers.attention_triton import triton_status
+from helpers.attention_triton import triton_flash_forward, triton_status
 from helpers.checks import FAIL
 from helpers.checks.ch08 import (
     SKIP,
@@ -15,7 +15,7 @@ from helpers.checks.ch08 import (
     check_tiled_attention,
     check_triton_backward,
 )
-from helpers.flash_attention import flash_backward, flash_forward
+from helpers.flash_attention import flash_attention, flash_backward, flash_forward
 
 from nbfiles import exercise_namespace
 
@@ -158,6 +158,24 @@ def calls_the_helper(q, k, v, causal=False, block=16):
     return flash_forward(q, k, v, causal, block, block)
 
 
+def calls_flash_attention(q, k, v, causal=False, block=16):
+    return flash_attention(q, k, v, causal), None  # refused by name before it runs
+
+
+def calls_the_triton_forward(q, k, v, causal=False, block=16):
+    return triton_flash_forward(q, k, v, causal)
+
+
+def lse_in(dtype):
+    """A right forward whose log-sum-exp comes back in `dtype`."""
+
+    def forward(q, k, v, causal=False, block=16):
+        out, lse = tiled(q, k, v, causal, block)
+        return out, lse.to(dtype)
+
+    return forward
+
+
 TILED_MISTAKES = [
     (lambda q, k, v, causal=False, block=16: tiled(q, k, v, False, block), "it is not causal"),
     (
@@ -210,8 +228,13 @@ TILED_MISTAKES = [
     ),
     (full_scores_first, "no T x T scores ever exist"),
     (with_a_nan, "your output has NaN"),
-    (with_softmax, "you called softmax"),
+    (with_softmax, "you called softmax", "not even on one tile"),
     (calls_the_helper, "you called flash_forward"),
+    (calls_flash_attention, "you called flash_attention"),
+    (calls_the_triton_forward, "you called triton_flash_forward"),
+    # float64 inputs: float32 would fail the lse bound, which is float64's rounding
+    (lse_in(torch.float32), "lse is torch.float32 for torch.float64", "float64 for float64"),
+    (lse_in(torch.float64), "lse is torch.float64 for torch.float32", "here torch.float32"),
     (
         lambda q, k, v, causal=False, block=16: tiled(q, k, v, causal, block)[0],
         "return (out, lse)",
@@ -219,10 +242,10 @@ TILED_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize(("wrong", "hint"), TILED_MISTAKES)
-def test_wrong_tiled_forwards_fail_with_their_hint(wrong, hint: str) -> None:
+@pytest.mark.parametrize(("wrong", "hint"), [(m[0], m[1:]) for m in TILED_MISTAKES])
+def test_wrong_tiled_forwards_fail_with_their_hint(wrong, hint: tuple[str, ...]) -> None:
     result = check_tiled_attention(wrong)
-    assert fails(result, hint), result.message
+    assert fails(result, *hint), result.message
 
 
 def test_the_mistakes_pass_when_fixed() -> None:
@@ -253,7 +276,11 @@ def test_the_backward_must_be_triton() -> None:
     def in_pytorch(q, k, v, out, lse, dout, causal=False):
         return flash_backward(q, k, v, out, lse, dout, causal)
 
-    assert fails(check_triton_backward(in_pytorch), "belong in the Triton kernel")
+    def with_torch_products(q, k, v, out, lse, dout, causal=False):
+        return q @ k.transpose(-2, -1), k, v
+
+    assert fails(check_triton_backward(in_pytorch), "you called flash_backward", "Triton kernels")
+    assert fails(check_triton_backward(with_torch_products), "you called torch's matmul")
     assert fails(check_triton_backward(lambda *args: None), "return (dq, dk, dv)")
 
 

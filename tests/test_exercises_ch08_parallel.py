@@ -3,8 +3,8 @@ typical wrong answer fails with its own hint.
 
 The solutions are read from solutions/08_build_it_solutions.ipynb, the untouched stubs from the
 generated exercises/08_build_it_exercises.ipynb. Each check runs the answer at world size 1 in
-this process, then on 3 launched gloo ranks (a few seconds each); wrong answers caught at world
-size 1 launch nothing.
+this process, then on 2 and on 3 launched gloo ranks (a few seconds each); wrong answers caught
+at world size 1 launch nothing.
 """
 
 from __future__ import annotations
@@ -156,6 +156,51 @@ def hooks_without_division(model):
     return finish
 
 
+def hooks_reducing_a_copy(model):
+    pending = []
+
+    def hook(p):
+        copy = p.grad.clone()  # the sum lands in the copy
+        pending.append((p, copy, dist.all_reduce(copy, async_op=True)))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p, copy, work in pending:
+            work.wait()
+            p.grad.copy_(copy / dist.get_world_size())
+        pending.clear()
+
+    return finish
+
+
+def hooks_reducing_at_setup(model):
+    for p in model.parameters():
+        dist.all_reduce(p.detach())  # not a broadcast: sums the weights
+        p.detach().div_(dist.get_world_size())
+    return hooks_blocking(model)
+
+
+def hooks_like_ddp(model):
+    """Broadcast the weights at setup, as DDP does, and reduce p.grad.data: the same memory."""
+    for p in model.parameters():
+        dist.broadcast(p.detach(), src=0)
+    pending = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: pending.append((p, dist.all_reduce(p.grad.data, async_op=True)))
+        )
+
+    def finish():
+        for p, work in pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+
+
 def hooks_from_the_environment(model):
     world = int(os.environ["WORLD_SIZE"])  # as torchrun sets it, also at world size 1
     pending = []
@@ -178,6 +223,8 @@ def hooks_from_the_environment(model):
     [
         (hooks_without_wait, ("[probe: 1 rank] step 1", "never waited for", "work.wait()")),
         (hooks_before_accumulation, ("[probe: 1 rank]", "before the gradient was accumulated")),
+        (hooks_reducing_a_copy, ("[probe: 1 rank] step 1", "a copy of p.grad", "in place")),
+        (hooks_reducing_at_setup, ("[probe: 1 rank]", "called all_reduce before any backward")),
         (hooks_blocking, ("[probe: 1 rank]", "blocking (async_op=False)")),
         (reduce_after_backward, ("[probe: 1 rank]", "no all-reduce started during backward")),
     ],
@@ -192,9 +239,9 @@ def test_overlap_mistakes_caught_at_world_size_one(wrong, hints: tuple) -> None:
 @pytest.mark.parametrize(
     ("wrong", "hints"),
     [
-        (hooks_averaging_twice, ("3 ranks, rank 0] step 1", "3x too small", "averaged twice")),
-        (hooks_never_forget, ("3 ranks, rank 0] step 2", "clear its list")),
-        (hooks_without_division, ("3 ranks, rank 0] step 1", "3x too large")),
+        (hooks_averaging_twice, ("2 ranks, rank 0] step 1", "2x too small", "averaged twice")),
+        (hooks_never_forget, ("2 ranks, rank 0] step 2", "clear its list")),
+        (hooks_without_division, ("2 ranks, rank 0] step 1", "2x too large")),
     ],
 )
 def test_overlap_value_mistakes_caught_on_the_ranks(wrong, hints: tuple) -> None:  # noqa: ANN001
@@ -204,6 +251,24 @@ def test_overlap_value_mistakes_caught_on_the_ranks(wrong, hints: tuple) -> None
 
 def test_an_answer_that_reads_torchruns_environment_passes() -> None:
     assert ch08p.check_overlap_hooks(hooks_from_the_environment).passed
+
+
+def test_a_setup_broadcast_and_grad_data_pass() -> None:
+    result = ch08p.check_overlap_hooks(hooks_like_ddp)
+    assert result.passed, result.message
+
+
+def test_the_gradient_bound_is_an_fp32_all_reduce_of_the_ranks_own() -> None:
+    g = torch.Generator().manual_seed(0)
+    local = [[torch.randn(50, generator=g)] for _ in range(3)]
+    results = [{"steps": [{"local grads": grads}]} for grads in local]
+    want = ch08p.exact_mean(results, 0)
+    a, b, c = (grads[0] for grads in local)
+    for order in ((a + b) + c, a + (b + c), (c + a) + b):  # fp32 sums in any order, divided
+        assert ch08p._close([order / 3], want)
+    assert ch08p._close([(a / 3 + b / 3) + c / 3], want)  # divided first, as DDP does
+    assert not ch08p._close([(a + b + c) / 3 * (1 + 1e-5)], want)  # beyond rounding
+    assert ch08p._close([a + b + c], want, 3) and not ch08p._close([a + b + c], want)
 
 
 # --- exercise 4: typical wrong answers ----------------------------------------------------------
@@ -295,10 +360,26 @@ def zero1_in_float32(params, shard, optimizer):
             offset += p.numel()
 
 
+def zero1_one_ulp_off(params, shard, optimizer):
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    shard.grad = F.pad(grad, (0, world * s - grad.numel()))[rank * s : (rank + 1) * s].clone()
+    optimizer.step()
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())
+    flat, offset = torch.cat(pieces), 0
+    flat[0] = torch.nextafter(flat[0], flat[0] + 1)  # rank 0's element 0, one ulp up
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
 @pytest.mark.parametrize(
     ("wrong", "hints"),
     [
-        (zero1_reduce_again, ("[probe: 1 rank] float32, step 1", "already")),
+        (zero1_reduce_again, ("[probe: 1 rank] float32, step 1", "already", "no all-reduce")),
+        (zero1_one_ulp_off, ("[probe: 1 rank] float32, step 1", "own piece")),
         (zero1_no_grad_given, ("[probe: 1 rank]", "the shard did not change")),
         (zero1_gather_first, ("[probe: 1 rank]", "before optimizer.step()")),
         (zero1_in_float32, ("[probe: 1 rank] float64", "keep the parameters' dtype")),
@@ -312,8 +393,8 @@ def test_zero1_mistakes_caught_at_world_size_one(wrong, hints: tuple) -> None:  
 @pytest.mark.parametrize(
     ("wrong", "hints"),
     [
-        (zero1_without_gather, ("3 ranks, rank 0] float32, step 1", "no all-gather")),
-        (zero1_first_slice_everywhere, ("3 ranks, rank 0]", "another rank's differs")),
+        (zero1_without_gather, ("2 ranks, rank 0] float32, step 1", "no all-gather")),
+        (zero1_first_slice_everywhere, ("2 ranks, rank 0]", "another rank's differs")),
     ],
 )
 def test_zero1_mistakes_caught_on_the_ranks(wrong, hints: tuple) -> None:  # noqa: ANN001

@@ -61,10 +61,11 @@ def test_fast_epoch_set_to_none_false_gives_same_result() -> None:
     assert results[0] == pytest.approx(results[1], rel=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused"])
+@pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused", "capturable"])
 def test_make_adam(impl: str) -> None:
     opt = make_adam(make_mlp(sigmoid=True).parameters(), lr=0.01, impl=impl)
     assert opt.defaults["lr"] == 0.01
+    assert opt.defaults["capturable"] is (impl == "capturable")
 
 
 def test_bad_adam_impl() -> None:

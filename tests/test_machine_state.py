@@ -5,6 +5,7 @@ Every branch that reads the GPU runs here through the fake GPU (tests/fake_gpu.p
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import psutil
@@ -101,14 +102,20 @@ def test_a_watch_sees_another_process_busy(tmp_path) -> None:  # noqa: ANN001
     import subprocess
     import sys
 
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Another process, not a child of this one (a child's CPU time is this job's own work, see
+    # the tests below): a shell starts the busy loop in the background, prints its pid and
+    # exits, so the loop is re-parented away from this process.
+    spawn = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+    pid = int(
+        subprocess.run(["sh", "-c", spawn], capture_output=True, text=True, check=True).stdout
+    )
     try:
+        assert pid not in {c.pid for c in psutil.Process().children(recursive=True)}
         time.sleep(0.2)
         with MachineWatch("cpu", threads=1) as watch:
             time.sleep(0.6)
     finally:
-        busy.kill()
-        busy.wait()
+        os.kill(pid, signal.SIGKILL)
     s = watch.state
     assert s.torch_threads == 1 and s.window_s >= 0.5
     assert s.others_cores > 0.5, s  # the busy loop kept about one core busy

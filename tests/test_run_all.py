@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -226,8 +227,12 @@ def test_runs_where_an_event_loop_already_runs(tmp_path: Path) -> None:
     async def inside_a_loop() -> run_all.Outcome:
         return run_all.execute(broken, tmp_path / "out", timeout=120, html_export=False)
 
-    outcome = asyncio.run(inside_a_loop())
-    assert outcome.error.startswith("cell 1: ValueError: this notebook is broken on purpose")
+    # In a thread of its own: the suite's main thread may have a loop running already.
+    outcomes: list = []
+    runner = threading.Thread(target=lambda: outcomes.append(asyncio.run(inside_a_loop())))
+    runner.start()
+    runner.join()
+    assert outcomes[0].error.startswith("cell 1: ValueError: this notebook is broken on purpose")
 
 
 def test_a_process_the_kernel_leaves_running_is_stopped_and_reported(tmp_path: Path) -> None:

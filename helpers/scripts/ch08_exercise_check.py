@@ -62,6 +62,13 @@ class RecordedWork:
         return self.work.is_completed()
 
 
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a is b or the same elements of memory (b.data, b.detach(), b.view_as(b)) (chapter 8)."""
+    return a is b or (
+        a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+    )
+
+
 @contextlib.contextmanager
 def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
     """Record every watched collective called inside: name, async, in backward, grad or not (chapter 8)."""
@@ -71,11 +78,16 @@ def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
     def watch(name: str) -> Any:
         def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             first = tensor if torch.is_tensor(tensor) else (args[0] if args else None)
+            done = [p.grad for p in params if p.grad is not None]  # gradients accumulated so far
+            is_grad = torch.is_tensor(first) and any(same_memory(first, g) for g in done)
             record = {
                 "op": name,
                 "async": bool(kwargs.get("async_op", False)),
                 "in backward": state.get("in backward", False),
-                "is a grad": any(first is p.grad for p in params),
+                "is a grad": is_grad,
+                "a copy of a grad": torch.is_tensor(first)
+                and not is_grad
+                and any(first.shape == g.shape and torch.equal(first, g) for g in done),
                 "param shape": any(
                     torch.is_tensor(first) and first.shape == p.shape for p in params
                 ),
@@ -103,13 +115,26 @@ def rank_batch(ctx: Context, step: int, dtype: torch.dtype = torch.float32) -> t
     return x[rows].to(dtype), y[rows].to(dtype)
 
 
+def local_grads(ctx: Context, step: int) -> list[torch.Tensor]:
+    """This rank's own gradients of step `step`, before any all-reduce: a plain backward of a twin (chapter 8)."""
+    twin, (x, y) = make_mlp(SIZES, seed=3), rank_batch(ctx, step)
+    nn.functional.binary_cross_entropy_with_logits(twin(x), y).backward()
+    return grads(twin)
+
+
 def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
-    """The learner's hooks on a fresh model, then two steps of backward + finish() (chapter 8)."""
+    """The learner's hooks on a fresh model, then two steps of backward + finish() (chapter 8).
+
+    Each step also records this rank's own gradients, from a twin model without hooks (the same
+    weights, batch and operations on the same rank: bit for bit what the learner's model had in
+    .grad before any all-reduce), from which the checker computes the exact mean over the ranks.
+    """
     model = make_mlp(SIZES, seed=3)
     params, state, weights = list(model.parameters()), {}, flat_params(model)
     steps = []
     with recording(params, state) as calls:
         finish = fn(model)
+        setup = [dict(c) for c in calls]
         for step in range(STEPS):
             model.zero_grad(set_to_none=True)
             x, y = rank_batch(ctx, step)
@@ -121,10 +146,18 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
                 finish()
             missing = [p for p in params if p.grad is None]
             got = None if missing else grads(model)
-            steps.append({"grads": got, "calls": [dict(c) for c in calls[start:]]})
+            steps.append(
+                {
+                    "grads": got,
+                    "local grads": local_grads(ctx, step),
+                    "calls": [dict(c) for c in calls[start:]],
+                }
+            )
+        for record, call in zip(setup, calls):
+            record["waited"] = call["waited"]  # a setup work waited for later, in a step
     return {
         "finish callable": callable(finish),
-        "setup calls": len(calls) - sum(len(s["calls"]) for s in steps),
+        "setup calls": setup,
         "steps": steps,
         "moved": not flat_params(model).equal(weights),
         "params": len(params),
