@@ -21,8 +21,9 @@ Every table is followed by the machine's state while it was timed (other compute
 the GPU, CPU time other processes used, torch threads) and by verdicts built by compare_rows
 from the two rows they name: "inconclusive" on a shared GPU or a loaded CPU.
 
-Version 2 (v1 timed no checkpoint_sequential row, counted no FLOPs and printed no machine state
-or verdicts). When changing how this script measures, bump the version.
+Version 3 (v2's checkpoint_sequential(2) row checkpointed the first half of the blocks in pairs,
+torch's function only at depth 4; v1 timed no checkpoint_sequential row, counted no FLOPs and
+printed no machine state or verdicts). When changing how this script measures, bump the version.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
 
 from helpers.activations import ActivationMeter, CheckpointCost, checkpointed_forward
 from helpers.devices import describe_device, native_bf16, pick_device
@@ -42,26 +44,26 @@ from helpers.tables import print_table
 from helpers.timing import BenchResult, benchmark
 from helpers.verdicts import compare_rows
 
-VERSION = 2
+VERSION = 3
 
-#: Checkpointing variants: segments of `every` blocks (0: none); checkpoint_sequential(2)
-#: checkpoints the first half of the blocks only, as torch's function leaves its last segment.
+#: Checkpointing variants: (every, segments): segments of `every` blocks, each checkpointed
+#: (helpers.activations.checkpointed_forward; 0: none), or torch's own
+#: checkpoint_sequential(blocks, segments), which leaves its last segment alone, at any depth.
 CHECKPOINTING = {
-    "no checkpointing": (0, False),
-    "each block": (1, False),
-    "pairs of blocks": (2, False),
-    "checkpoint_sequential(2)": (2, True),
+    "no checkpointing": (0, 0),
+    "each block": (1, 0),
+    "pairs of blocks": (2, 0),
+    "checkpoint_sequential(2)": (0, 2),
 }
 
 
-def forward(model: nn.Sequential, x: torch.Tensor, every: int, first_half: bool) -> torch.Tensor:
-    """The blocks checkpointed in segments of `every` (all of them, or the first half), then the head."""
+def forward(model: nn.Sequential, x: torch.Tensor, every: int, segments: int) -> torch.Tensor:
+    """The blocks checkpointed in segments of `every`, or by torch's checkpoint_sequential, then the head."""
     blocks, head = model[:-1], model[-1]
+    if segments:  # as the chapter calls it
+        return head(checkpoint_sequential(blocks, segments, x, use_reentrant=False))
     if every == 0:
         return head(blocks(x))
-    if first_half:
-        half = len(blocks) // 2
-        return head(blocks[half:](checkpointed_forward(blocks[:half], x, every)))
     return head(checkpointed_forward(blocks, x, every))
 
 

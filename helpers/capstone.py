@@ -6,6 +6,7 @@ import atexit
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ from helpers.machine_state import MachineState
 from helpers.matmul import tf32_available, tf32_matmuls
 from helpers.memory import track_peak
 from helpers.peaks import peak_row
-from helpers.same_math import NoiseFloor, SameMath, noise_floor, same_math
+from helpers.same_math import NoiseFloor, SameMath, check_not_run, noise_floor, same_math
 from helpers.timing import benchmark
 from helpers.units import MiB
 from helpers.validate import first_line, positive_int
@@ -260,8 +261,8 @@ class Trainer:
             if not ok:
                 raise ValueError(f"lever {name!r} cannot run on {self.device}: {why}.")
         self.model = make_gpt(self.cfg, seed=seed, device=self.device)
-        if levers.fp8:  # FP8 runs natively only on 8.9+ GPUs; elsewhere torchao emulates it
-            convert_fp8(self.model, emulate=self.device.type != "cuda")
+        if levers.fp8:  # lever_available refused above every device without FP8 tensor cores
+            convert_fp8(self.model)
         self.params = list(self.model.parameters())
         self.initial = [p.detach().clone() for p in self.params]  # for restart()
         self.optimizer = make_optimizer(self.model, self.regime, fused=levers.fused_adamw)
@@ -398,7 +399,7 @@ class LeverRow:
     levers: Levers | None = None
     parent: Levers | None = None  # the configuration this row's lever was added to or removed from
     machine: MachineState | None = None  # what else the machine did while it was timed
-    compile_cache: str = ""  # "cold" or "warm": Inductor's on-disk cache before the first interval
+    compile_cache: str = ""  # how the first interval's compile met Inductor's FX-graph cache
     check: SameMath | None = None  # its losses against its parent's (LeverSearch fills it in)
 
     def timing_row(self) -> dict[str, Any]:
@@ -424,19 +425,25 @@ class LeverRow:
         }
 
 
-def inductor_cache_dir() -> Path:
-    """Where torch.compile keeps its on-disk caches: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp folder (chapter 7)."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    user = os.environ.get("USER") or os.environ.get("USERNAME") or "unknown_user"
-    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+def fx_graph_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of Inductor's FX-graph cache in this process so far, from torch._dynamo's counters; (0, 0) before anything compiled (chapter 7)."""
+    utils = sys.modules.get("torch._dynamo.utils")  # imported by the first torch.compile call
+    inductor = getattr(utils, "counters", {}).get("inductor", {})
+    return int(inductor.get("fxgraph_cache_hit", 0)), int(inductor.get("fxgraph_cache_miss", 0))
 
 
-def compile_cache_state() -> str:
-    """'cold' when Inductor's on-disk cache holds nothing yet, 'warm' when earlier compiles left files there (chapter 7)."""
-    path = inductor_cache_dir()
-    warm = path.is_dir() and any(p.is_file() for p in path.rglob("*"))
-    return "warm" if warm else "cold"
+def compile_cache_label(levers: Levers, before: tuple[int, int], after: tuple[int, int]) -> str:
+    """How a first interval's compile met Inductor's FX-graph cache, from the counts before and after it; '' when nothing compiles (chapter 7)."""
+    if not levers.compile:  # graphs alone: the 'cudagraphs' backend captures eager kernels
+        return "n/a (no Inductor)" if levers.graphs else ""
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    if hits == misses == 0:
+        return "unknown (no FX-graph cache lookup counted: the cache may be off in this torch)"
+    if hits == 0:
+        return f"cold cache ({misses} graph(s) compiled)"
+    if misses == 0:
+        return f"warm cache ({hits} graph(s) loaded)"
+    return f"partly warm cache ({hits} graph(s) loaded, {misses} compiled)"
 
 
 def use_fresh_compile_cache() -> Path:
@@ -459,12 +466,12 @@ def measure_trainer(
 ) -> LeverRow:
     """The first `check_steps` losses (the first interval timed: set-up, compiling), then helpers.timing.benchmark; memory and MFU (chapter 7)."""
     device = trainer.device
-    compiled = trainer.levers.compile or trainer.levers.graphs
-    cache = compile_cache_state() if compiled else ""
+    counts = fx_graph_cache_counts()
     synchronize(device)
     start = time.perf_counter()
     first_losses = trainer.run()  # the first interval: set-up, and compiling when compile is on
     first = time.perf_counter() - start
+    cache = compile_cache_label(trainer.levers, counts, fx_graph_cache_counts())
     if check_steps and check_steps > len(first_losses):
         first_losses += trainer.losses(check_steps - len(first_losses))
     with track_peak(device) as peak:
@@ -521,13 +528,16 @@ def keep_verdict(row: LeverRow, best: LeverRow) -> tuple[bool, str]:
     return keep, text + ("; on a busy machine: re-run to confirm" if busy else "")
 
 
-def removal_verdict(name: str, without: LeverRow, final: LeverRow) -> tuple[bool, str]:
-    """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads (chapter 7)."""
+def removal_verdict(
+    name: str, without: LeverRow, final: LeverRow, origin: str = ""
+) -> tuple[bool, str]:
+    """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads; `origin`: the pass that kept it (chapter 7)."""
     gain, noise, busy = timing_gain(without, final)
     at = f"at a {1e3 * without.step_s:.4g} ms step"
     if abs(gain - 1) <= noise:
         remove = False
-        text = f"{name} stays (from the greedy pass): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
+        kept_by = f"kept by {origin}" if origin else f"on in {final.label}"
+        text = f"{name} stays ({kept_by}): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
     elif gain > 1:
         remove, text = True, f"{name} removed: {gain:.2f}x faster without it (noise ±{noise:.0%})"
     else:
@@ -598,6 +608,7 @@ class LeverSearch:
         self.side: list[LeverRow] = []  # rows measured beside the search (FP8, checkpointing)
         self.trainers: dict[Levers, Trainer] = {self.current: baseline}
         self.floors: dict[Levers, NoiseFloor] = {}
+        self.origins: dict[str, str] = {}  # lever -> the pass that switched it on in the final
 
     @property
     def baseline(self) -> LeverRow:
@@ -642,6 +653,7 @@ class LeverSearch:
         self._check(row)
         if keep:
             parent, self.current, self.best = self.current, levers, row
+            self.origins[name] = "the greedy pass"
             self._keep_trainer(levers, self._last_trainer, parent)
         print(f"{name}: {row.kept}; now {self.best.speedup:.2f}x the baseline")
         return row
@@ -655,7 +667,8 @@ class LeverSearch:
         if getattr(levers, name):
             row.kept = keep_verdict(row, parent)[1]
         else:
-            row.kept = removal_verdict(name, row, parent)[1]
+            origin = self.origins.get(name, "") if parent.levers == self.current else ""
+            row.kept = removal_verdict(name, row, parent, origin)[1]
         self.side.append(row)
         self._check(row)
         return row, ""
@@ -708,21 +721,36 @@ class LeverSearch:
             self.floors[levers] = noise_floor(row.label, row.first_losses, *runs)
         return self.floors[levers]
 
-    def same_math(self, row: LeverRow) -> SameMath:
-        """`row`'s losses against those of the configuration it differs from by one lever, held to that one's noise floor (chapter 7)."""
+    def change_of(self, row: LeverRow) -> str:
+        """What `row`'s lever changes in the math against its parent: '' where it must keep it (chapter 7)."""
         if row.levers is None or row.parent is None:
             raise ValueError(f"{row.label!r} has no parent configuration to compare with.")
-        parent = self.row_for(row.parent)
         name = changed_lever(row.levers, row.parent)
-        change = math_change(name, row.levers if getattr(row.levers, name) else row.parent)
+        return math_change(name, row.levers if getattr(row.levers, name) else row.parent)
+
+    def same_math(self, row: LeverRow) -> SameMath:
+        """`row`'s losses against those of the configuration it differs from by one lever, held to that one's noise floor (chapter 7)."""
+        change = self.change_of(row)
+        parent = self.row_for(row.parent)
+        if parent is None:
+            raise ValueError(f"{row.parent.label()!r} was not measured: measure it first.")
         label = f"{row.label} vs {parent.label}"
         floor = None if change else self.floor(row.parent)
         return same_math(label, row.first_losses, parent.first_losses, floor, change)
 
     def _check(self, row: LeverRow) -> None:
-        """Fill in row.check; a check that cannot run says why instead of stopping the search (chapter 7)."""
+        """Fill in row.check; a check that cannot run fails with why where the lever must keep the math, and is a note where it rounds on purpose (chapter 7)."""
         check, error = run_or_reason(lambda: self.same_math(row))
-        row.check = check or SameMath(row.label, [], None, f"not checked: {error}")
+        if check is not None:
+            row.check = check
+            return
+        change = run_or_reason(lambda: self.change_of(row))[0]  # None: not even that is known
+        parent = row.parent.label() if row.parent is not None else "its parent"
+        label = f"{row.label} vs {parent}"
+        if change:
+            row.check = SameMath(label, [], None, f"{change}; not compared: {error}")
+        else:
+            row.check = check_not_run(label, error)
 
     def ablate(self, names: Sequence[str] = GREEDY, max_passes: int = 4) -> bool:
         """From the final configuration, each lever switched (on if off, off if on), the best change beyond the noise applied, until none helps; True if it settled (chapter 7)."""
@@ -748,7 +776,8 @@ class LeverSearch:
                 if getattr(levers, name):  # switched on: kept if it beats the final
                     better, row.kept = keep_verdict(row, final)
                 else:  # switched off: removed only if the final is slower with it
-                    better, row.kept = removal_verdict(name, row, final)
+                    origin = self.origins.get(name, "")
+                    better, row.kept = removal_verdict(name, row, final, origin)
                 gain = final.step_s / row.step_s
                 if better and gain > best_gain:
                     best_gain, best_row = gain, row
@@ -756,6 +785,11 @@ class LeverSearch:
                 print(f"ablation pass {number}: no lever switched on or off beats the final")
                 return True
             print(f"ablation pass {number}: {best_row.label} beats the final, {best_gain:.2f}x")
+            switched = changed_lever(best_row.levers, self.current)
+            if getattr(best_row.levers, switched):
+                self.origins[switched] = f"ablation pass {number}"
+            else:
+                self.origins.pop(switched, None)
             self.current, self.best = best_row.levers, best_row
         print(f"ablation: stopped after {max_passes} passes, still changing")
         return False

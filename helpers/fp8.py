@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 
 import torch
 from torch import nn
 
 from helpers.devices import resolve_device
 from helpers.mfu import Peak
-from helpers.peaks import peak_row
 
 #: The torchao releases checked with this course (0.14.1, 0.16.0 and 0.18.0 installed and
 #: trained a converted GPT, emulated, on torch 2.13's CPU build); pyproject's "fp8" extra.
@@ -31,12 +31,15 @@ INSTALL_HINT = f"pip install 'torchao{TORCHAO_RANGE}' (or pip install -e '.[fp8]
 #: FP8 tensor cores start with Ada (8.9) and Hopper (9.0).
 FP8_CAPABILITY = (8, 9)
 
-#: Dense FP8 peak TFLOP/s (FP32 accumulate) of the GPUs helpers.peaks knows that have FP8
-#: tensor cores, keyed by that table's name pattern; datasheet figures "with sparsity" are
-#: halved. Each is about twice the row's bf16 figure (the L40S datasheet's are 1.2% apart).
+#: Dense FP8 peak TFLOP/s (FP32 accumulate) of GPUs with FP8 tensor cores, keyed by a name
+#: pattern matched against torch.cuda.get_device_name() (whitespace collapsed, first match
+#: wins); datasheet figures "with sparsity" are halved. Each pattern is written like
+#: helpers.peaks' row of the same GPU, and each figure is about twice that row's bf16 figure
+#: (the L40S datasheet's are 1.2% apart): tests/test_fp8.py checks both.
 FP8_DENSE_TFLOPS: dict[str, float] = {
     r"\bB200\b": 4500.0,  # NVIDIA HGX B200 datasheet: 72 PFLOPS sparse FP8 for 8 GPUs
     r"\bGB200\b": 5000.0,  # NVIDIA GB200 NVL72 datasheet, per GPU
+    r"GeForce RTX 5090$": 419.0,  # RTX Blackwell whitepaper, FP32 accumulate: 838 sparse
     r"\bH100\b(?!.*\b(PCIe|NVL)\b)": 1979.0,  # NVIDIA H100 datasheet, SXM: 3,958 sparse
     r"\bH100\b.*\bPCIe\b": 1513.0,  # NVIDIA H100 datasheet, PCIe: 3,026 sparse
     r"\bH100 NVL\b": 1670.5,  # NVIDIA H100 NVL datasheet: 3,341 sparse
@@ -97,6 +100,19 @@ def fp8_available(device: str | torch.device) -> tuple[bool, str]:
     return True, ""
 
 
+def fp8_plan(device: str | torch.device) -> tuple[str, str]:
+    """What chapter 7 does about FP8 here: ('native', '') with FP8 tensor cores and torchao; ('emulated', why) where only the rounding can run; ('none', why) (chapter 7)."""
+    ok, why = fp8_hardware(device)
+    have_torchao = torchao_version() is not None
+    if ok and have_torchao:
+        return "native", ""
+    if ok:  # an FP8 GPU: measured for real, or not at all (emulating would hide a failure)
+        return "none", f"torchao is not installed: {INSTALL_HINT}"
+    if have_torchao:
+        return "emulated", why
+    return "none", f"{why}; the emulated rounding needs torchao: {INSTALL_HINT}"
+
+
 def fp8_layer_filter(module: nn.Module, name: str) -> bool:
     """Which Linear layers get FP8: all but the head tied to the embedding, sizes multiple of 16 (chapter 7)."""
     if name == "head" or not isinstance(module, nn.Linear):
@@ -129,7 +145,10 @@ def fp8_peak(device: str | torch.device) -> Peak | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    row = peak_row(name)
-    if row is None or row.pattern not in FP8_DENSE_TFLOPS:
+    collapsed = " ".join(name.split())
+    tflops = next(
+        (t for p, t in FP8_DENSE_TFLOPS.items() if re.search(p, collapsed, re.IGNORECASE)), None
+    )
+    if tflops is None:
         return None
-    return Peak(FP8_DENSE_TFLOPS[row.pattern] * 1e12, f"datasheet dense FP8 peak of {name}", False)
+    return Peak(tflops * 1e12, f"datasheet dense FP8 peak of {name}", False)

@@ -9,9 +9,19 @@ floor** of that configuration on this device.
 
 A lever that computes the same math (the same kernels fed differently, or the same sums
 added in another order) stays within a small multiple of that floor at every step; a change
-of the math goes well past it (this chapter's CPU GPT on the course's CI machine, 2026-11-27: a
-learning rate 0.1% larger, 40x the floor at step 2 and over 1,000x by step 20; bf16 autocast,
-60-1,000x).
+of the math goes past it, sooner or later. How soon, this chapter measures with a negative
+control (a learning rate 0.1% larger) on the learner's own device. On the course's 2-core CI
+machine (2026-11-27, torch 2.13 CPU, 1 torch thread, other processes keeping 1.1 cores busy),
+this chapter's CPU GPT gave: a learning rate 0.1% larger, 0.81x the tolerance at step 2 and
+past it from step 3 (3.1x; 8.7x at step 8, 36x at step 24); 0.01% larger, within it for 8 steps
+(0.84x at step 8) and past it from step 9; SDPA without its causal mask, 53x at step 1; SDPA
+and fused AdamW themselves, at most one loss ulp (0.016x) in 24 steps. On a GPU the floor is
+wider (atomic additions), so the step at which a change shows is the device's own: the
+chapter prints it. tests/test_same_math_controls.py plants real bugs in the chapter's Trainer
+(a tiny GPT, 8 steps): the causal mask dropped fails at step 1, the gradient clipping dropped
+from step 4, while SDPA and fused AdamW stay within one loss ulp; and it shows what 8 steps
+cannot see: attention's scale 10% off, on an initial attention that is nearly uniform.
+
 The multiple is ``SAME_MATH_FACTOR`` = 64 = 2^6: half-way, in powers of two, between fp32's
 rounding (unit roundoff 2^-24, what the floor measures) and TF32's, the next coarser format a
 lever uses (2^-11, 2^13 times coarser).
@@ -106,6 +116,7 @@ class SameMath(Printed):
     note: str = ""
     factor: float = SAME_MATH_FACTOR
     steps_shown: int = field(default=16)
+    error: str = ""  # why a check that the math needed could not run; '' when it ran
 
     @property
     def checked(self) -> bool:
@@ -119,8 +130,14 @@ class SameMath(Printed):
 
     @property
     def passed(self) -> bool:
-        """Every step within its tolerance (True when not checked) (chapter 7)."""
-        return all(g <= t for g, t in zip(self.gaps, self.tolerance))
+        """Every step within its tolerance, and the check ran where the math needed it (True when not checked on purpose) (chapter 7)."""
+        return not self.error and all(g <= t for g, t in zip(self.gaps, self.tolerance))
+
+    @property
+    def first_over(self) -> int | None:
+        """The first (1-based) step whose gap is past its tolerance, or None (chapter 7)."""
+        over = [i for i, (g, t) in enumerate(zip(self.gaps, self.tolerance)) if g > t]
+        return over[0] + 1 if over else None
 
     @property
     def worst(self) -> tuple[int, float]:
@@ -132,6 +149,11 @@ class SameMath(Printed):
     def verdict(self) -> str:
         """One line: same math or not, over how many steps, and by how much (chapter 7)."""
         n, largest = len(self.gaps), max(self.gaps, default=0.0)
+        if self.error:
+            return (
+                f"{self.label}: NOT CHECKED, and this lever must keep the math: the check could "
+                f"not run ({self.error})"
+            )
         if not self.checked:
             return (
                 f"{self.label}: {self.note}; largest gap over {n} steps {largest:.1e} (not checked)"
@@ -149,6 +171,8 @@ class SameMath(Printed):
         )
 
     def __str__(self) -> str:
+        if not self.gaps:
+            return self.verdict()
         rows = [("gap", self.gaps)] + ([("tolerance", self.tolerance)] if self.checked else [])
         shown = min(len(self.gaps), self.steps_shown)
         lines = [
@@ -162,10 +186,33 @@ class SameMath(Printed):
         return "\n".join(lines)
 
     def check(self) -> SameMath:
-        """Raise AssertionError (with the per-step table) unless passed; return self (chapter 7)."""
+        """Raise AssertionError (with the per-step table) unless passed, or if a check the math needed did not run; return self (chapter 7)."""
         if not self.passed:
             raise AssertionError(str(self))
         return self
+
+    def as_control(self) -> str:
+        """One line for a change of the math made on purpose: whether, and from which step, the check sees it (chapter 7)."""
+        if not self.checked:
+            raise ValueError(f"{self.label}: a control needs a noise floor to be held against.")
+        step, ratio = self.worst
+        n = len(self.gaps)
+        if self.first_over is None:
+            return (
+                f"{self.label}: within the tolerance over all {n} steps (closest at step {step}, "
+                f"{ratio:.2g}x the tolerance): over {n} steps this check cannot tell "
+                f"{self.note or 'it'} from this device's noise"
+            )
+        return (
+            f"{self.label}: past the tolerance from step {self.first_over} of {n} (worst: step "
+            f"{step}, {ratio:.3g}x the tolerance, {self.factor:g} x the noise floor): the "
+            f"check sees {self.note or 'it'}"
+        )
+
+
+def check_not_run(label: str, error: str) -> SameMath:
+    """A same-math check that the math needed and that could not run: it fails, with the reason (chapter 7)."""
+    return SameMath(label, [], None, error=error or "no reason given")
 
 
 def same_math(

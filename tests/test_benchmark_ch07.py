@@ -13,8 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.capstone import Levers, LeverSearch, measure_trainer
+from helpers import capstone
+from helpers.capstone import LeverRow, Levers, LeverSearch, measure_trainer
 from helpers.gpt import GPTConfig, text_bytes
+from helpers.same_math import SameMath, check_not_run, same_math
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ch07_capstone.py"
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=8)
@@ -158,15 +160,87 @@ def test_spread_is_the_iqr_over_rounds() -> None:
 
 
 def test_a_compiled_levers_first_interval_is_timed_with_its_cache_state(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The cold compile of the same-math table is printed there (AUDIT finding 20)."""
+    """The compile of the same-math table, labelled by the FX-graph cache's counters (AUDIT finding 20)."""
     bench = load_script()
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # empty: cold
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # no real compile in a test
+    counts = {"fxgraph_cache_hit": 4, "fxgraph_cache_miss": 1}  # earlier compiles in this process
+    utils = ModuleType("torch._dynamo.utils")
+    utils.counters = {"inductor": counts}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", utils)
+
+    def compile_missing(model: torch.nn.Module, **kw: object) -> object:
+        def call(*args: object) -> torch.Tensor:
+            counts["fxgraph_cache_miss"] = 3  # its forward and backward graphs: compiled
+            return model(*args)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile_missing)  # no real compile in a test
     checks = bench.check_same_math(tiny_setup(bench), ("compile",), steps=4)
     assert checks[0].checked and checks[0].passed
     out = capsys.readouterr().out
     assert re.search(
-        r"^compile: its first interval, compiling, took \d+\.\d s with a cold cache$", out, re.M
+        r"^compile: its first interval, compiling, took \d+\.\d s; cold cache \(2 graph\(s\) "
+        r"compiled\)$",
+        out,
+        re.M,
     )
+
+
+def test_a_check_that_cannot_run_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No noise floor (an OOM in the reruns, say): the levers that must keep the math are not passed."""
+    bench = load_script()
+    monkeypatch.setattr(bench, "capstone_sizes", lambda device: (TINY, 4))
+
+    def no_floor(*args: object) -> None:
+        raise RuntimeError("out of memory (a stand-in)")
+
+    monkeypatch.setattr(bench, "noise_floor", no_floor)  # the same-math table's floor
+    monkeypatch.setattr(capstone, "noise_floor", no_floor)  # LeverSearch.floor's
+    args = ["--device", "cpu", "--rounds", "1", "--min-run-time", "0.02", "--no-compile"]
+    assert bench.main([*args, "--keep-compile-cache"]) == 1
+    out = capsys.readouterr().out
+    assert "the baseline's noise floor could not be measured: RuntimeError: out of memory" in out
+    assert "sdpa vs baseline: NOT CHECKED, and this lever must keep the math" in out
+    assert "amp vs baseline: rounding changed by amp on purpose" in out or "amp: skipped" in out
+    failed = re.search(r"^SAME MATH FAILED for: (.*)$", out, re.M)
+    assert failed and {"resident", "sdpa", "fused_adamw", "checkpoint"} <= set(
+        failed.group(1).split(", ")
+    )
+    assert "NOT CHECKED (must keep the math): RuntimeError: out of memory" in out  # greedy table
+    assert out.rstrip().splitlines()[-1].startswith("final vs baseline (tokens/s, median): ")
+
+
+def test_broken_rows_count_a_check_that_did_not_run() -> None:
+    bench = load_script()
+    rows = [LeverRow(name, 0.01, 0.0, 1.0, 1.0, None, 0.1, [5.0]) for name in "abcd"]
+    rows[0].check = same_math("a", [5.0], [5.0], None, "rounding changed by amp on purpose")
+    rows[1].check = check_not_run("b vs baseline", "RuntimeError: out of memory")
+    rows[2].check = SameMath("c", [0.0], [1e-6])  # checked and passed
+    assert bench.broken_rows(rows) == ["b"]  # d: the reference, no check
+    assert bench.row_cells(rows[1])["losses"] == (
+        "NOT CHECKED (must keep the math): RuntimeError: out of memory"
+    )
+
+
+def test_fp8_is_judged_against_the_final_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ablation can move the final configuration after the greedy pass: FP8 sits on top of it."""
+    bench = load_script()
+    monkeypatch.setattr(bench, "lever_available", lambda name, device: (True, ""))
+    seen: list[tuple[Levers, str]] = []
+
+    class Search:
+        device = torch.device("cpu")
+        current = Levers(resident=True, sdpa=True)
+        best = "the greedy pass's best (stale)"
+        final_row = "the ablation's last measurement of the final configuration"
+
+        def side_row(self, levers: Levers, parent: str) -> tuple[None, str]:
+            seen.append((levers, parent))
+            return None, "RuntimeError: a stand-in"
+
+    assert bench.fp8_row(Search(), 1.0) is None
+    assert seen == [(Levers(resident=True, sdpa=True, fp8=True), Search.final_row)]

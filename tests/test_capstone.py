@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import tempfile
+import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,11 +38,11 @@ from helpers.capstone import (
     batch_starts,
     capstone_sizes,
     changed_lever,
-    compile_cache_state,
+    compile_cache_label,
     compile_model,
     cost_verdict,
     describe_sdpa_kernel,
-    inductor_cache_dir,
+    fx_graph_cache_counts,
     keep_verdict,
     lever_available,
     make_optimizer,
@@ -396,9 +399,10 @@ def test_removal_verdict() -> None:
     )
     assert removal_verdict("resident", row("sdpa", step_s=0.0101), final) == (
         False,
-        "resident stays (from the greedy pass): not shown to help at a 10.1 ms step now "
-        "(1.01x, noise ±2%)",
+        "resident stays (on in resident + sdpa): not shown to help at a 10.1 ms step now (1.01x, noise ±2%)",
     )
+    kept_by = removal_verdict("resident", row("sdpa", step_s=0.0101), final, "ablation pass 2")
+    assert kept_by[1].startswith("resident stays (kept by ablation pass 2): not shown to help")
 
 
 def test_cost_and_throughput_verdicts() -> None:
@@ -525,6 +529,24 @@ def test_the_ablation_removes_a_lever_that_now_slows_the_step() -> None:
     assert search.ablation[1].kept == "resident removed: 1.06x faster without it (noise ±2%)"
 
 
+def test_a_lever_an_ablation_pass_added_is_said_to_come_from_it() -> None:
+    steps = {"baseline": 0.010, "sdpa": 0.008, "resident + sdpa": 0.007, "resident": 0.0099}
+
+    def scripted(t: Trainer) -> LeverRow:
+        label = t.levers.label()
+        return row(label, step_s=steps[label], spread=0.01, first_losses=t.losses(2))
+
+    search = LeverSearch(make_trainer, scripted)
+    search.try_lever("sdpa")
+    assert search.ablate(("resident", "sdpa"), max_passes=1) is False
+    assert search.current == Levers(resident=True, sdpa=True)
+    steps.update({"sdpa": 0.00701, "resident": 0.00702})  # now neither is shown to help
+    assert search.ablate(("resident", "sdpa"), max_passes=1) is True
+    kept = {r["change"]: r["kept?"] for r in search.ablation_table()[-2:]}
+    assert kept["- resident"].startswith("resident stays (kept by ablation pass 1): not shown")
+    assert kept["- sdpa"].startswith("sdpa stays (kept by the greedy pass): not shown to help")
+
+
 def test_side_rows_and_measured_references() -> None:
     search = LeverSearch(make_trainer, scripted_measure)
     search.try_lever("sdpa")
@@ -566,7 +588,10 @@ def test_the_final_verdict_when_nothing_helped() -> None:
         search.same_math(search.baseline)
 
 
-def test_a_check_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_check_that_cannot_run_fails_where_the_math_must_be_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An OOM (or a failed recompile, a diverged rerun) while building the floor is no pass."""
     search = LeverSearch(make_trainer, scripted_measure)
 
     def broken(levers: Levers) -> None:
@@ -574,8 +599,36 @@ def test_a_check_that_cannot_run_says_why(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(search, "floor", broken)
     sdpa = search.try_lever("sdpa")
-    assert sdpa.check.gaps == [] and sdpa.check.passed
-    assert sdpa.check.note == "not checked: RuntimeError: no memory left for the rerun"
+    assert sdpa.check.gaps == [] and not sdpa.check.passed
+    assert sdpa.check.error == "RuntimeError: no memory left for the rerun"
+    assert sdpa.check.label == "sdpa vs baseline"
+    with pytest.raises(AssertionError, match="NOT CHECKED, and this lever must keep the math"):
+        sdpa.check.check()
+
+
+def test_a_rounding_lever_whose_comparison_cannot_run_is_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def measure(t: Trainer) -> LeverRow:
+        return row(t.levers.label(), step_s=0.01, spread=0.01, first_losses=t.losses(4))
+
+    search = LeverSearch(make_trainer, measure)
+    monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
+    monkeypatch.setattr(search, "row_for", lambda levers: None)  # the parent's row is gone
+    tf32 = search.try_lever("tf32")
+    assert tf32.check.passed and tf32.check.check() is tf32.check and not tf32.check.error
+    assert tf32.check.note == (
+        "rounding changed by tf32 on purpose; not compared: ValueError: 'baseline' was not "
+        "measured: measure it first."
+    )
+
+
+def test_a_check_whose_parent_was_never_measured_fails() -> None:
+    search = LeverSearch(make_trainer, scripted_measure)
+    orphan = row("resident + sdpa", first_losses=[5.0, 4.0])
+    orphan.levers, orphan.parent = Levers(resident=True, sdpa=True), Levers(resident=True)
+    search._check(orphan)
+    assert not orphan.check.passed and "'resident' was not measured" in orphan.check.error
 
 
 def test_lever_search_drops_a_lever_that_raises(
@@ -884,14 +937,12 @@ def test_the_graphs_lever_marks_each_step_and_copies_the_loss(
 
 
 def test_the_fp8_lever_converts_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FP8 branch of the Trainer, on the CPU: emulated there, native on a GPU."""
-    converted: list[tuple[object, bool]] = []
+    """The FP8 branch of the Trainer, run on the CPU: always native (lever_available refuses the rest)."""
+    converted: list[tuple[object, dict]] = []
     monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
-    monkeypatch.setattr(
-        capstone, "convert_fp8", lambda model, emulate: converted.append((model, emulate))
-    )
+    monkeypatch.setattr(capstone, "convert_fp8", lambda model, **kw: converted.append((model, kw)))
     trainer = make_trainer(Levers(fp8=True))
-    assert converted == [(trainer.model, True)]
+    assert converted == [(trainer.model, {})]
     assert math_change("fp8", trainer.levers) == "rounding changed by fp8 on purpose"
 
 
@@ -928,23 +979,109 @@ def test_recipe_ratio_elsewhere(fake_gpu) -> None:  # noqa: ANN001
 # --------------------------------------------------------------------------- compile caches
 
 
-def test_a_fresh_compile_cache_is_cold_until_something_is_written(
+def test_a_fresh_compile_cache_points_inductor_and_triton_at_a_new_folder(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    monkeypatch.setenv("USER", "someone")
-    assert inductor_cache_dir().name == "torchinductor_someone"
     path = use_fresh_compile_cache()
     try:
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path) == str(inductor_cache_dir())
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path) and path.is_dir()
         assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
-        assert compile_cache_state() == "cold"
-        (path / "fxgraph").mkdir()
-        assert compile_cache_state() == "cold"  # folders alone are no cache
-        (path / "fxgraph" / "entry").write_text("x")
-        assert compile_cache_state() == "warm"
+        assert list(path.iterdir()) == []
     finally:
-        for f in sorted(Path(path).rglob("*"), reverse=True):
-            f.unlink() if f.is_file() else f.rmdir()
         path.rmdir()
+
+
+@pytest.fixture
+def inductor_counters(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """torch._dynamo.utils' counters, stubbed: the test moves them as a compile would."""
+    counts: dict[str, int] = {}
+    utils = types.ModuleType("torch._dynamo.utils")
+    utils.counters = {"inductor": counts}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", utils)
+    return counts
+
+
+def test_fx_graph_cache_counts_read_dynamos_counters(inductor_counters: dict[str, int]) -> None:
+    assert fx_graph_cache_counts() == (0, 0)  # nothing compiled yet
+    inductor_counters.update(fxgraph_cache_hit=3, fxgraph_cache_miss=2, fxgraph_cache_bypass=1)
+    assert fx_graph_cache_counts() == (3, 2)
+
+
+def test_fx_graph_cache_counts_before_dynamo_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
+    assert fx_graph_cache_counts() == (0, 0)
+
+
+def test_this_torchs_counters_tell_a_cold_compile_from_a_warm_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real compile, twice, in a fresh cache: the counters the label reads exist in this torch.
+
+    Run on the oldest and newest torch the course supports too (2.5 and 2.15 both count
+    fxgraph_cache_miss and fxgraph_cache_hit); where the FX-graph cache is off the label says
+    'unknown' instead of guessing.
+    """
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "tmp").mkdir()  # torch 2.5's compile leaves temp folders behind: here, not TMPDIR
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    for var in ("TMPDIR", "TMP", "TEMP"):  # and for the compile's worker processes
+        monkeypatch.setenv(var, str(tmp_path / "tmp"))
+    on = Levers(compile=True)
+
+    def compile_once() -> str:
+        torch._dynamo.reset()  # forget the compiled code: the next call compiles or loads it
+        x = torch.randn(8, requires_grad=True)
+        before = fx_graph_cache_counts()
+        try:
+            torch.compile(lambda t: (t.sin() * 2).sum())(x).backward()
+        except Exception as exc:  # noqa: BLE001 - no C++ compiler: nothing to count here
+            pytest.skip(f"torch.compile cannot run here: {type(exc).__name__}: {exc}")
+        return compile_cache_label(on, before, fx_graph_cache_counts())
+
+    cold, warm = compile_once(), compile_once()
+    torch._dynamo.reset()
+    if not torch._inductor.config.fx_graph_cache:
+        assert cold.startswith("unknown") and warm.startswith("unknown")
+        return
+    assert cold.startswith("cold cache (") and warm.startswith("warm cache ("), (cold, warm)
+
+
+def test_compile_cache_label_from_the_counts() -> None:
+    on = Levers(compile=True)
+    assert compile_cache_label(on, (2, 5), (2, 9)) == "cold cache (4 graph(s) compiled)"
+    assert compile_cache_label(on, (2, 5), (6, 5)) == "warm cache (4 graph(s) loaded)"
+    assert compile_cache_label(on, (0, 0), (1, 3)) == (
+        "partly warm cache (1 graph(s) loaded, 3 compiled)"
+    )
+    assert compile_cache_label(on, (1, 1), (1, 1)).startswith("unknown (no FX-graph cache lookup")
+    assert compile_cache_label(Levers(graphs=True), (0, 0), (0, 0)) == "n/a (no Inductor)"
+    assert compile_cache_label(Levers(compile=True, graphs=True), (0, 0), (0, 2)).startswith("cold")
+    assert compile_cache_label(Levers(sdpa=True), (0, 0), (0, 0)) == ""
+
+
+def test_measure_trainer_labels_the_first_interval_by_the_counters(
+    monkeypatch: pytest.MonkeyPatch, inductor_counters: dict[str, int]
+) -> None:
+    """Files left in the cache folder by other rows do not make a compile warm: its lookups do."""
+    monkeypatch.setattr(capstone, "lever_available", lambda name, device: (True, ""))
+
+    def compile_missing(model: torch.nn.Module, **kw: object) -> object:
+        def call(*args: object) -> torch.Tensor:
+            if not compiled:  # the first call compiles a forward and a backward graph
+                inductor_counters["fxgraph_cache_miss"] = misses + 2
+                compiled.append(1)
+            return model(*args)
+
+        return call
+
+    for misses, label in ((0, "cold cache (2 graph(s) compiled)"), (7, "cold cache (2 graph(s)")):
+        compiled: list[int] = []
+        inductor_counters.update(fxgraph_cache_hit=5, fxgraph_cache_miss=misses)
+        monkeypatch.setattr(torch, "compile", compile_missing)
+        r = measure_trainer(make_trainer(Levers(compile=True)), min_run_time=0.01)
+        assert r.compile_cache.startswith(label)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    graphs = measure_trainer(make_trainer(Levers(graphs=True)), min_run_time=0.01)
+    assert graphs.compile_cache == "n/a (no Inductor)"

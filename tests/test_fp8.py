@@ -7,11 +7,14 @@ on the CPU, where torchao is installed.
 
 from __future__ import annotations
 
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
+from notebook_code import cell_containing
 from torch import nn
 
 from helpers import fp8
@@ -24,10 +27,12 @@ from helpers.fp8 import (
     fp8_layer_filter,
     fp8_layers,
     fp8_peak,
+    fp8_plan,
     torchao_version,
 )
 from helpers.gpt import GPTConfig, make_gpt
 from helpers.peaks import _PEAK_TABLE, peak_row
+from helpers.same_math import same_math
 
 #: kind -> FP8 tensor cores? (compute capability 8.9+ on NVIDIA)
 HARDWARE = {
@@ -172,3 +177,148 @@ def test_fp8_peak_of_an_unknown_gpu_or_a_cpu(fake_gpu) -> None:  # noqa: ANN001
     assert fp8_peak("cpu") is None
     fake_gpu("h100_sxm", name="NVIDIA Mystery GPU")
     assert peak_row("NVIDIA Mystery GPU") is None and fp8_peak("cuda") is None
+
+
+#: GPUs with FP8 tensor cores, as torch names them, and their dense FP8 datasheet figure; none
+#: of them is a fake-GPU kind of its own, so the rtx4090 kind (8.9) lends its other figures.
+FP8_NAMES = {
+    "NVIDIA H100 80GB HBM3": 1979.0,  # the SXM part, as torch names it
+    "NVIDIA H100 PCIe": 1513.0,
+    "NVIDIA H200": 1979.0,
+    "NVIDIA H200 NVL": 1670.5,
+    "NVIDIA GH200 480GB": 1979.0,
+    "NVIDIA GeForce RTX 4090": 330.3,
+    "NVIDIA GeForce RTX 5090": 419.0,
+    "NVIDIA L4": 242.5,
+    "NVIDIA L40S": 733.0,
+    "NVIDIA L40": 362.0,
+    "NVIDIA H20": 296.0,
+    "NVIDIA H800 PCIe": 1513.0,
+    "NVIDIA H800": 1979.0,
+    "NVIDIA B200": 4500.0,
+    "NVIDIA GB200": 5000.0,
+    "NVIDIA RTX 6000 Ada Generation": 728.5,
+    "NVIDIA H100 NVL": 1670.5,
+}
+
+
+@pytest.mark.parametrize(("name", "tflops"), list(FP8_NAMES.items()))
+def test_fp8_peak_by_the_tables_own_patterns(fake_gpu, name: str, tflops: float) -> None:  # noqa: ANN001
+    fake_gpu("rtx4090", name=name)
+    peak = fp8_peak("cuda")
+    assert peak is not None and peak.flops == tflops * 1e12
+    assert peak.source == f"datasheet dense FP8 peak of {name}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 3090"],
+)
+def test_fp8_peak_of_other_chips_is_unknown(fake_gpu, name: str) -> None:  # noqa: ANN001
+    """A laptop part of the same name is another chip: no datasheet figure, not the desktop's."""
+    fake_gpu("rtx4090", name=name)
+    assert fp8_peak("cuda") is None
+
+
+def test_each_fp8_name_matches_one_pattern_only() -> None:
+    for name in FP8_NAMES:
+        hits = [p for p in FP8_DENSE_TFLOPS if re.search(p, name, re.IGNORECASE)]
+        assert len(hits) == 1, (name, hits)
+
+
+#: (kind, torchao installed) -> what chapter 7 does about FP8 there
+PLANS = {
+    ("h100_sxm", True): "native",
+    ("rtx4090", True): "native",
+    ("h100_sxm", False): "none",
+    ("a100", True): "emulated",
+    ("t4", True): "emulated",
+    ("mi300x", True): "emulated",
+    ("mps", True): "emulated",
+    ("a100", False): "none",
+}
+
+
+@pytest.mark.parametrize(("kind", "torchao"), list(PLANS))
+def test_fp8_plan_emulates_only_without_fp8_tensor_cores(
+    fake_gpu,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    torchao: bool,  # noqa: ANN001
+) -> None:
+    gpu = fake_gpu(kind)
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0" if torchao else None)
+    mode, why = fp8_plan(gpu.device)
+    assert mode == PLANS[(kind, torchao)]
+    assert (mode == "native") == fp8_available(gpu.device)[0]  # the lever runs where native
+    if mode == "native":
+        assert why == ""
+    elif kind == "h100_sxm":
+        assert why == f"torchao is not installed: {INSTALL_HINT}"
+    else:
+        assert why.startswith(fp8_hardware(gpu.device)[1])
+        assert why.endswith(INSTALL_HINT) is (not torchao)
+
+
+def test_fp8_plan_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
+    assert fp8_plan("cpu")[0] == "emulated"
+    monkeypatch.setattr(fp8, "torchao_version", lambda: None)
+    assert fp8_plan("cpu")[0] == "none"
+
+
+CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / "07_capstone.ipynb"
+
+
+class FailingSearch:
+    """What chapter 7's FP8 cells read of a LeverSearch; its FP8 run raises, as on a broken install."""
+
+    def __init__(self) -> None:
+        self.current = types.SimpleNamespace(plus=lambda name: name)
+        self.calls: list[str] = []
+
+    def side_row(self, levers: object, parent: object) -> tuple[None, str]:
+        self.calls.append(str(levers))
+        return None, "RuntimeError: torchao float8 needs torch.compile here"
+
+
+class StandInTrainer:
+    """The emulated branch's Trainer: a model to convert, constant losses."""
+
+    model = None
+
+    def losses(self, steps: int) -> list[float]:
+        return [5.0] * steps
+
+
+@pytest.mark.parametrize("kind", ["h100_sxm", "a100"])
+def test_the_chapters_fp8_cells_never_hide_a_failure(
+    fake_gpu,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,  # noqa: ANN001
+) -> None:
+    """On an FP8 GPU a failed run prints its error and emulates nothing; without FP8, emulation."""
+    gpu = fake_gpu(kind)
+    monkeypatch.setattr(fp8, "torchao_version", lambda: "0.18.0")
+    emulated: list[bool] = []
+    monkeypatch.setattr(fp8, "convert_fp8", lambda model, emulate: emulated.append(emulate))
+
+    search = FailingSearch()
+    namespace = {
+        "device": gpu.device, "search": search, "final": object(), "Levers": lambda: None,
+        "trainer": lambda levers: StandInTrainer(), "CHECK_STEPS": 2, "estimate": 1.0,
+        "baseline_losses": [5.0, 5.0], "same_math": same_math,
+    }  # fmt: skip
+    for marker in ("fp8_mode, fp8_why = fp8_plan(device)", 'elif fp8_mode == "emulated"'):
+        exec(cell_containing(CHAPTER, marker), namespace)
+    out = capsys.readouterr().out
+    if kind == "h100_sxm":  # FP8 tensor cores: measured for real, and its failure said
+        assert search.calls == ["fp8"] and emulated == []
+        assert "FP8 FAILED on this FP8-capable GPU: RuntimeError: torchao float8 needs" in out
+        assert "no FP8 row here: the run failed (the reason is printed above)" in out
+        assert "skipped here: ." not in out and "FP8 skipped" not in out
+    else:  # no FP8 tensor cores: the rounding emulated, nothing measured
+        assert search.calls == [] and emulated == [True]
+        assert "FP8 not measured here: NVIDIA A100-SXM4-80GB is compute capability 8.0" in out
+        assert "FP8, emulated, vs fp32: the rounding FP8 makes" in out

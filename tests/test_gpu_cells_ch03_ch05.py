@@ -186,3 +186,18 @@ def test_ch05_benchmark_runs_on_a_cpu(capsys) -> None:
     extra = {m[0]: int(m[1]) for m in re.findall(r"  (.+?): saved .*?, \+(\d+)% FLOPs", out)}
     assert extra["each block"] == extra["pairs of blocks"] > extra["checkpoint_sequential(2)"] > 0
     assert "bf16 autocast" in out and out.count("machine: ") == 2
+
+
+@pytest.mark.parametrize("depth", [4, 6])
+def test_ch05_benchmarks_checkpoint_sequential_row_is_torchs(depth: int) -> None:
+    """The row named checkpoint_sequential(2) runs torch's function, at any depth (not only 4)."""
+    bench = load_bench_ch05()
+    model = bench.make_mlp(bench.wide_mlp_sizes(32, depth, 10), blocks=True)
+    x = torch.randn(8, 32)
+    blocks, head = model[:-1], model[-1]
+    with bench.ActivationMeter(model) as meter:
+        head(torch.utils.checkpoint.checkpoint_sequential(blocks, 2, x, use_reentrant=False))
+    assert bench.saved_bytes(model, x, "checkpoint_sequential(2)") == meter.total_bytes
+    torch.testing.assert_close(
+        bench.forward(model, x, *bench.CHECKPOINTING["checkpoint_sequential(2)"]), model(x)
+    )

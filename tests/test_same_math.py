@@ -10,6 +10,7 @@ from helpers.same_math import (
     SAME_MATH_FACTOR,
     NoiseFloor,
     SameMath,
+    check_not_run,
     loss_gaps,
     loss_ulp,
     noise_floor,
@@ -100,3 +101,42 @@ def test_same_math_shows_every_step_up_to_sixteen() -> None:
 def test_floor_must_cover_the_compared_steps() -> None:
     with pytest.raises(ValueError, match="covers 2 steps and the curves 3"):
         same_math("x", [1.0] * 3, [1.0] * 3, floor_of([1.0, 1.0]))
+
+
+def test_a_check_that_could_not_run_fails_with_its_reason() -> None:
+    """A lever that must keep the math is not passed because its check could not run."""
+    missing = check_not_run("sdpa vs baseline", "RuntimeError: CUDA out of memory")
+    assert not missing.passed and missing.error == "RuntimeError: CUDA out of memory"
+    assert (
+        str(missing)
+        == missing.verdict()
+        == (
+            "sdpa vs baseline: NOT CHECKED, and this lever must keep the math: the check could not "
+            "run (RuntimeError: CUDA out of memory)"
+        )
+    )
+    with pytest.raises(AssertionError, match="CUDA out of memory"):
+        missing.check()
+    assert not check_not_run("x", "").passed  # no reason given is still no check
+
+
+def test_first_over_and_the_negative_control_line() -> None:
+    base = [5.5, 5.2, 5.0, 4.8]
+    floor = floor_of(base)
+    ulp = loss_ulp(5.5)
+    drift = same_math("lr x 1.001 vs base", [5.5, 5.2, 5.0 + 100 * ulp, 4.8 + 400 * ulp], base,
+                      floor, "a learning rate 0.1% larger")  # fmt: skip
+    assert drift.first_over == 3 and drift.worst[0] == 4
+    assert drift.as_control() == (
+        "lr x 1.001 vs base: past the tolerance from step 3 of 4 (worst: step 4, 6.25x the "
+        "tolerance, 64 x the noise floor): the check sees a learning rate 0.1% larger"
+    )
+    tiny = same_math("lr x 1.0001 vs base", base, base, floor, "a learning rate 0.01% larger")
+    assert tiny.first_over is None
+    assert tiny.as_control() == (
+        "lr x 1.0001 vs base: within the tolerance over all 4 steps (closest at step 1, 0x the "
+        "tolerance): over 4 steps this check cannot tell a learning rate 0.01% larger from this "
+        "device's noise"
+    )
+    with pytest.raises(ValueError, match="needs a noise floor"):
+        same_math("amp", base, base, None, "rounding").as_control()

@@ -2,16 +2,23 @@
 
 It trains as the chapter does (helpers.capstone.regime_for: AdamW as GPT-2 is trained, warm-up
 then cosine decay, gradient norm clipped). Rank 0 first trains the model alone on the whole
-global batch (the reference; the other ranks wait), then every rank trains a fresh copy of the
-same model under DDP on its slice of the same batches. DDP averages the gradients, so every
-rank clips the same norm, and the losses and the final weights must equal the reference's: the
-same math on more processes. Both runs are timed after `--warmup` steps.
+global batch (the reference; the other ranks wait), then twice more: a rerun, and a run with
+every initial weight one ulp up (the reference's own noise floor, as chapter 7 measures it).
+Then every rank trains a fresh copy of the same model under DDP on its slice of the same
+batches. DDP averages the gradients, so every rank clips the same norm, and the losses and the
+final weights equal the reference's up to the order of the sums: each rank's mean over its half
+of the batch, then the mean of the ranks, instead of one mean over the whole batch, a
+difference of fp32 rounding that the noise floor bounds. The reference and the DDP run are
+timed after `--warmup` steps, in `--rounds` rounds; each round ends by reading the losses (a
+sync: the device has run everything queued) before the clock is read.
 
     torchrun --standalone --nproc-per-node=2 capstone_ddp.py --out /tmp/capstone
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 
 import torch
@@ -32,43 +39,74 @@ from helpers.scripts.common import (
 )
 
 
-def train(ctx: Context, args, rows: slice, ddp: bool) -> dict:  # noqa: ANN001 - argparse namespace
-    """Train `args.steps` steps on the `rows` of each global batch; losses, tokens/s, weights (chapter 7)."""
+def round_sizes(timed: int, rounds: int) -> list[int]:
+    """`timed` steps split into `rounds` rounds as evenly as they go (chapter 7)."""
+    return [timed // rounds + (1 if r < timed % rounds else 0) for r in range(rounds)]
+
+
+def rate_spread(rates: list[float]) -> tuple[float, float]:
+    """(median, interquartile range) of per-round tokens/s; an IQR of 0 for one round (chapter 7)."""
+    if len(rates) < 2:
+        return rates[0], 0.0
+    q1, _, q3 = statistics.quantiles(rates, n=4, method="inclusive")
+    return statistics.median(rates), q3 - q1
+
+
+def train(ctx: Context, args, rows: slice, ddp: bool, nudge: bool = False) -> dict:  # noqa: ANN001 - argparse namespace
+    """Train `args.steps` steps on the `rows` of each global batch; losses, tokens/s per round, weights (chapter 7)."""
     cfg = GPTConfig(args.n_layer, args.n_head, args.d_model, args.seq_len, attention=args.attention)
     tokens = text_bytes().to(ctx.device)
     starts = batch_starts(len(tokens), cfg.seq_len, args.global_batch, args.steps, args.seed)
     starts = starts[:, rows].to(ctx.device)
     offsets = torch.arange(cfg.seq_len + 1, device=ctx.device)
     model = make_gpt(cfg, seed=args.seed, device=ctx.device)
+    if nudge:  # every initial weight one ulp up: fp32 rounding, carried through training
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
     if ddp:
         model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     regime = regime_for(cfg)  # the chapter's: AdamW as GPT-2, warm-up and decay, clipping
     opt = make_optimizer(model, regime)
-    losses = []
-    for step in range(args.steps):
-        if step == args.warmup:  # start the clock once every rank is warm
-            torch.stack(losses).sum().item()
-            if ddp:
-                dist.barrier()
-            start = time.perf_counter()
-        windows = tokens[starts[step, :, None] + offsets]
+    losses: list[torch.Tensor] = []
+
+    def step(i: int) -> None:
+        windows = tokens[starts[i, :, None] + offsets]
         loss = model(windows[:, :-1], windows[:, 1:])
-        set_lr(opt, regime, step)
+        set_lr(opt, regime, i)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # under DDP: gradients averaged over the ranks here
-        torch.nn.utils.clip_grad_norm_(
-            model.parameters(), regime.clip
-        )  # the same norm on every rank
+        torch.nn.utils.clip_grad_norm_(model.parameters(), regime.clip)  # the same on every rank
         opt.step()
         losses.append(loss.detach())
-    curve = torch.stack(losses)  # one sync per run, not per step
+
+    for i in range(args.warmup):
+        step(i)
+    torch.stack(losses).tolist()  # a sync: the warm-up has run
+    if ddp:
+        dist.barrier()  # start the clock once every rank is warm
+    i, seconds = args.warmup, []
+    sizes = round_sizes(args.steps - args.warmup, args.rounds)
+    for size in sizes:
+        start = time.perf_counter()
+        for _ in range(size):
+            step(i)
+            i += 1
+        torch.stack(losses).tolist()  # read the losses before the clock: the round has run
+        seconds.append(time.perf_counter() - start)
+    curve = torch.stack(losses)
     if ddp:
         dist.all_reduce(curve)
         curve /= ctx.world_size  # the mean over the ranks' equal slices: the global batch's loss
-    seconds = time.perf_counter() - start
-    timed = args.steps - args.warmup
-    tokens_per_s = args.global_batch * cfg.seq_len * timed / seconds
-    return {"losses": curve.tolist(), "tokens_per_s": tokens_per_s, "params": flat_params(model)}
+    rates = [args.global_batch * cfg.seq_len * n / s for n, s in zip(sizes, seconds)]
+    median, iqr = rate_spread(rates)
+    return {
+        "losses": curve.tolist(),
+        "round_tokens_per_s": rates,
+        "tokens_per_s": median,
+        "tokens_per_s_iqr": iqr,
+        "params": flat_params(model),
+    }
 
 
 def main() -> None:
@@ -81,6 +119,7 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds after the warm-up")
     args = p.parse_args()
     ctx = setup(args.pg_timeout)
     if args.global_batch % ctx.world_size:
@@ -89,15 +128,27 @@ def main() -> None:
         )
     if not 0 < args.warmup < args.steps:
         raise SystemExit(f"--warmup must be between 1 and --steps - 1, got {args.warmup}.")
+    if not 0 < args.rounds <= args.steps - args.warmup:
+        raise SystemExit(
+            f"--rounds must be between 1 and --steps - --warmup = {args.steps - args.warmup}, "
+            f"got {args.rounds}."
+        )
     result = {}
     if ctx.is_main:
         result["alone"] = train(ctx, args, slice(None), ddp=False)
-        log(ctx, f"one rank alone: {result['alone']['tokens_per_s']:,.0f} tokens/s")
+        log(ctx, f"one rank alone: {result['alone']['tokens_per_s']:,.0f} tokens/s (median)")
+        for name, nudge in (("alone_rerun", False), ("alone_nudged", True)):  # the noise floor
+            run = train(ctx, args, slice(None), ddp=False, nudge=nudge)
+            gap = (run.pop("params") - result["alone"]["params"]).abs().max().item()
+            result[name] = {**run, "param_gap": gap}  # the largest weight gap, not the weights
     dist.barrier()  # the other ranks wait while rank 0 measures the reference
     share = args.global_batch // ctx.world_size
     rows = slice(ctx.rank * share, (ctx.rank + 1) * share)
     result["ddp"] = train(ctx, args, rows, ddp=True)
-    log(ctx, f"DDP on {ctx.world_size} ranks: {result['ddp']['tokens_per_s']:,.0f} tokens/s")
+    log(
+        ctx,
+        f"DDP on {ctx.world_size} ranks: {result['ddp']['tokens_per_s']:,.0f} tokens/s (median)",
+    )
     write_result(args.out, ctx, result)
     teardown()
 
