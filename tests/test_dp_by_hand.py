@@ -340,16 +340,28 @@ def check_zero1(ranks: list[dict], world: int) -> None:
 
 def check_fsdp(ranks: list[dict], world: int) -> None:
     """By-hand FSDP's losses equal DDP's and FSDP2's; it holds its pieces plus one layer."""
+
+    def same_losses(a: list[float], b: list[float]) -> bool:
+        # The first loss precedes any step: the same forward on the same weights, to the bit.
+        # Later ones follow steps on gradients summed across ranks: sums of two fp32 numbers,
+        # halved, are exact in any order, so up to 2 ranks they are equal to the bit too. At 3
+        # the reduce-scatter and the all-reduce may add in other orders (gloo added them alike
+        # on 2026-11-27: equal to the bit), and one step moves these losses by about 1e-2, so
+        # rtol 1e-5 is 2 orders above fp32 rounding of 3-term sums and 3 below a missing average.
+        if a[0] != b[0] or len(a) != len(b):
+            return False
+        if world <= 2:
+            return a == b
+        return torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=0)
+
     for res in ranks:
         ddp, hand, fsdp2 = res["ddp"], res["by hand"], res["fsdp2"]
-        assert torch.allclose(torch.tensor(hand["losses"]), torch.tensor(ddp["losses"]), rtol=1e-6)
+        assert same_losses(hand["losses"], ddp["losses"]), (hand["losses"], ddp["losses"])
         assert ddp["peak parameter bytes"] == ddp["full model bytes"]
         assert hand["held after the step"] * world >= hand["full model bytes"]
         assert hand["peak parameter bytes"] < hand["full model bytes"] or world == 1
         if not fsdp2.get("skipped"):
-            assert torch.allclose(
-                torch.tensor(fsdp2["losses"]), torch.tensor(ddp["losses"]), rtol=1e-5
-            )
+            assert same_losses(fsdp2["losses"], ddp["losses"]), (fsdp2["losses"], ddp["losses"])
             # at one rank FSDP2's "shard" is the whole model, and a layer is copied besides
             assert fsdp2["peak parameter bytes"] <= ddp["peak parameter bytes"] or world == 1
 
