@@ -65,6 +65,13 @@ def test_ch07_benchmark_prints_the_tables_and_one_final_line() -> None:
     assert "SAME MATH FAILED" not in out
     finals = re.findall(r"^final vs baseline \(tokens/s, median\): \d+\.\d\dx$", out, re.M)
     assert len(finals) == 1 and out.rstrip().endswith(finals[0])
+    # the closing ratio is the table's: final's median tokens/s over the baseline's
+    rates = {
+        m[1]: float(m[2].replace(",", ""))
+        for m in re.finditer(r"^\s*(baseline|final)\s+[\d.]+\s+[\d.]+\s+([\d,]+)\s", out, re.M)
+    }
+    closing = float(re.search(r"median\): (\d+\.\d\d)x$", finals[0])[1])
+    assert abs(closing - rates["final"] / rates["baseline"]) <= 0.01, (closing, rates)
 
 
 def test_bad_options_are_refused() -> None:
