@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers.capstone import Levers, Trainer
@@ -73,3 +75,20 @@ def test_round_sizes_and_their_spread() -> None:
     assert round_sizes(10, 5) == [2] * 5 and round_sizes(4, 3) == [2, 1, 1]
     assert rate_spread([5.0]) == (5.0, 0.0)
     assert rate_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
+
+
+def test_the_waiting_ranks_outlast_the_reference_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other ranks wait in a barrier while rank 0 trains the reference three times."""
+    from helpers.scripts import capstone_ddp
+
+    seen = {}
+
+    def fake_setup(timeout: float) -> None:
+        seen["timeout"] = timeout
+        raise SystemExit(0)
+
+    monkeypatch.setattr(capstone_ddp, "setup", fake_setup)
+    monkeypatch.setattr(sys, "argv", ["capstone_ddp.py", "--out", "unused"])
+    with pytest.raises(SystemExit):
+        capstone_ddp.main()
+    assert seen["timeout"] >= 240  # 3 x 12 steps of GPT-2 small on an A100: about a minute
