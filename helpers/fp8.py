@@ -108,6 +108,8 @@ def fp8_plan(device: str | torch.device) -> tuple[str, str]:
         return "native", ""
     if ok:  # an FP8 GPU: measured for real, or not at all (emulating would hide a failure)
         return "none", f"torchao is not installed: {INSTALL_HINT}"
+    if torch.device(device).type == "mps":  # the emulation casts to float8 on the device
+        return "none", f"{why}; MPS has no float8 dtypes to emulate FP8's rounding with"
     if have_torchao:
         return "emulated", why
     return "none", f"{why}; the emulated rounding needs torchao: {INSTALL_HINT}"

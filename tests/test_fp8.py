@@ -234,7 +234,8 @@ PLANS = {
     ("a100", True): "emulated",
     ("t4", True): "emulated",
     ("mi300x", True): "emulated",
-    ("mps", True): "emulated",
+    ("mps", True): "none",  # MPS has no float8 dtypes: the emulation would raise there
+    ("mps", False): "none",
     ("a100", False): "none",
 }
 
@@ -257,7 +258,8 @@ def test_fp8_plan_emulates_only_without_fp8_tensor_cores(
         assert why == f"torchao is not installed: {INSTALL_HINT}"
     else:
         assert why.startswith(fp8_hardware(gpu.device)[1])
-        assert why.endswith(INSTALL_HINT) is (not torchao)
+        assert why.endswith(INSTALL_HINT) is (not torchao and kind != "mps")
+        assert ("MPS has no float8 dtypes" in why) is (kind == "mps")
 
 
 def test_fp8_plan_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
