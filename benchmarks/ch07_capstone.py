@@ -31,8 +31,8 @@ same initial weights on the same batches.
    installed) on its own row on top of the final configuration, with its MFU against the FP8
    and bf16 peaks; kept only on the evidence, and never part of the targets.
 5. Baseline and final configuration timed again in --rounds interleaved rounds (a burst of
-   load on a shared machine hits both). The last line is the median over the rounds of each
-   round's ratio final tokens/s / baseline tokens/s.
+   load on a shared machine hits both). The last line is the ratio of the two rows' median
+   tokens/s, the ratio the verdict above it reads (each round's own ratio is printed too).
 
 Compile times are labelled by what Inductor's FX-graph cache did during the first interval
 (torch._dynamo's fxgraph_cache_hit / fxgraph_cache_miss counters, before and after): a cold
@@ -52,8 +52,10 @@ against the bf16 datasheet peak and 10x the baseline; on the course's 2-core CPU
 the baseline with the same math. They are printed, never asserted: timings are noisy. The exit
 status is 1 only when a lever that must keep the math did not, or its check could not run.
 
-Version 3 (v2 read a compile's cache state from files in Inductor's cache folder, put FP8 on top
-of the greedy pass's best row, and passed a same-math check that could not run). When changing
+Version 4 (v3 ended with the median of the per-round ratios, which could differ from the
+verdict's ratio of medians in the second decimal; v2 read a compile's cache state from files in
+Inductor's cache folder, put FP8 on top of the greedy pass's best row, and passed a same-math
+check that could not run). When changing
 how this script measures, bump the version.
 """
 
@@ -96,7 +98,7 @@ from helpers.tables import print_table
 from helpers.timing import benchmark
 from helpers.verdicts import compare_rows
 
-VERSION = 3
+VERSION = 4
 TARGET_CPU, TARGET_H100, TARGET_H100_MFU, TARGET_H100_TOKENS = 1.3, 10.0, 0.40, 630_000
 #: Each lever alone against the baseline: those that keep the math, then those that round.
 SAME_MATH = ("resident", "sdpa", "fused_adamw", "checkpoint", "compile", "graphs")
