@@ -106,7 +106,7 @@ $(OLDEST_VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 lab: $(VENV)/.installed ## install everything into .venv, then open the course in JupyterLab
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) $(root_flag) notebooks/01_devices.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) $(root_flag) notebooks/01_devices.ipynb
 
 test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint + all tests + all notebooks + browser
 	bash tools/ensure_chromium.sh
