@@ -912,13 +912,28 @@ def failing_ids(log: Path, junit: Path) -> list[str]:
     return ids
 
 
+def failed_before_stop(failures: Path) -> list[str]:
+    """The test ids tests/conftest.py logged as they failed, once each, in order."""
+    if not failures.exists():
+        return []
+    return list(
+        dict.fromkeys(line.strip() for line in log_text(failures).splitlines() if line.strip())
+    )
+
+
 def run_tests(item: Item, out: Path, args: argparse.Namespace, limit: Limit) -> None:
     """The unit tests; counts from the JUnit report, failing test ids from pytest's summary."""
     junit = out / "tests.xml"
     junit.unlink(missing_ok=True)
     command = pytest_command(args, junit)
     print(f"  {shlex.join(command[1:])}", flush=True)
-    step = run_command(command, out / "tests.log", limit.seconds)
+    failures = out / "failures.txt"  # written by tests/conftest.py as tests fail
+    failures.unlink(missing_ok=True)
+    os.environ["COURSE_FAILURES_LOG"] = str(failures)
+    try:
+        step = run_command(command, out / "tests.log", limit.seconds)
+    finally:
+        os.environ.pop("COURSE_FAILURES_LOG", None)
     item.seconds = step.seconds
     try:
         counts = test_counts(junit)
@@ -936,11 +951,15 @@ def run_tests(item: Item, out: Path, args: argparse.Namespace, limit: Limit) -> 
         text = f"No test report: pytest {verdict}. `{step.log.name}` ends:\n\n" + fenced(
             tail(step.log)
         )
+        early = failed_before_stop(failures)
+        if early:
+            text += "\nFailed before pytest stopped (`failures.txt`):\n\n"
+            text += "\n".join(f"- {md_cell(i)}" for i in early) + "\n"
         item.status = "STOPPED" if stopped else "FAILED"
         item.detail, item.markdown, item.problems = (
-            f"pytest {verdict}, no report",
+            f"pytest {verdict}, no report" + (f", {len(early)} failed before" if early else ""),
             text,
-            ["pytest: no report"],
+            ["pytest: no report", *early],
         )
         return
     ran = sum(counts.values())
