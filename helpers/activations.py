@@ -16,6 +16,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
+from helpers.i18n import tr
 from helpers.machine_state import MachineState, merge_states
 from helpers.tables import format_table
 from helpers.timing import BenchResult
@@ -150,16 +151,29 @@ class CheckpointCost(Printed):
     def line(self, name: str) -> str:
         """What variant `name` saved and what it cost, read from the table's rows (chapter 5)."""
         verdict, base_bytes = self.verdict(name), self.saved[self.base]
-        flops = f"{self.extra_flops(name):+.0%} FLOPs"
+        extra = self.extra_flops(name)
         if self.saved[name] < base_bytes:
-            saved = (
-                f"saved {format_bytes(base_bytes - self.saved[name])} of {format_bytes(base_bytes)}"
+            return tr(
+                "{name}: saved {saved} of {total} for backward, {extra:+.0%} FLOPs; {verdict}"
+            ).format(
+                name=name,
+                saved=format_bytes(base_bytes - self.saved[name]),
+                total=format_bytes(base_bytes),
+                extra=extra,
+                verdict=verdict,
             )
-            return f"{name}: {saved} for backward, {flops}; {verdict}"
-        paid = verdict.conclusive and verdict.ratio > 1
-        return (
-            f"{name}: saved nothing ({format_bytes(self.saved[name])} for backward, as without "
-            f"checkpointing), {flops}; " + ("a pure cost: " if paid else "") + verdict
+        if verdict.conclusive and verdict.ratio > 1:  # slower for nothing
+            text = tr(
+                "{name}: saved nothing ({kept} for backward, as without checkpointing), "
+                "{extra:+.0%} FLOPs; a pure cost: {verdict}"
+            )
+        else:
+            text = tr(
+                "{name}: saved nothing ({kept} for backward, as without checkpointing), "
+                "{extra:+.0%} FLOPs; {verdict}"
+            )
+        return text.format(
+            name=name, kept=format_bytes(self.saved[name]), extra=extra, verdict=verdict
         )
 
     def __str__(self) -> str:

@@ -20,6 +20,7 @@ from helpers.amp_choice import amp_for_device, check_autocast
 from helpers.devices import resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, is_tf32, parse_precision
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 from helpers.matmul import check_tf32, matmul_flops, tf32_available, tf32_matmuls
 from helpers.memory import track_peak
@@ -331,6 +332,12 @@ def time_tf32(
     return Tf32Speed(rows, states)
 
 
+#: The words LossGap prints for where the AMP run's loss lies against fp32's, for the catalog.
+SIDE_WORDS = (tr_mark("lower"), tr_mark("higher"))
+#: LossGap's default `what`, for the catalog (a caller's own `what` prints as given).
+FINAL_LOSS = tr_mark("final loss")
+
+
 @dataclass(repr=False)
 class LossGap(Printed):
     """Did AMP move the final loss more than a new seed moves fp32's? Measured, never assumed (chapter 3)."""
@@ -338,7 +345,7 @@ class LossGap(Printed):
     name: str  # the low-precision run, e.g. "bf16"
     low: float  # its loss
     fp32: dict[int, float]  # fp32's loss per seed; the first seed is the one `low` shares
-    what: str = "final loss"  # which loss: the final full-data loss, an epoch's mean, ...
+    what: str = FINAL_LOSS  # which loss: the final full-data loss, an epoch's mean, ...
 
     def __post_init__(self) -> None:
         if len(self.fp32) < 2:
@@ -371,26 +378,40 @@ class LossGap(Printed):
         return self.gap <= self.seed_spread
 
     def __str__(self) -> str:
-        side = "lower" if self.low < self.reference else "higher"
-        seeds = ", ".join(str(k) for k in self.fp32)
-        head = (
-            f"{self.name} {self.what} {self.low:.4g} against fp32's {self.reference:.4g} (same seed): "
-            f"{side} by {self.gap:.2g}, {self.gap / abs(self.reference):.1%} of fp32's; "
-            f"fp32 over seeds {seeds}: {min(self.fp32.values()):.4g} to "
-            f"{max(self.fp32.values()):.4g}, a spread of {self.seed_spread:.2g}"
+        side = SIDE_WORDS[0] if self.low < self.reference else SIDE_WORDS[1]
+        head = tr(
+            "{name} {what} {low:.4g} against fp32's {reference:.4g} (same seed): "
+            "{side} by {gap:.2g}, {share:.1%} of fp32's; "
+            "fp32 over seeds {seeds}: {lowest:.4g} to {highest:.4g}, a spread of {spread:.2g}"
+        ).format(
+            name=self.name,
+            what=tr(self.what) if self.what == FINAL_LOSS else self.what,
+            low=self.low,
+            reference=self.reference,
+            side=tr(side),
+            gap=self.gap,
+            share=self.gap / abs(self.reference),
+            seeds=", ".join(str(k) for k in self.fp32),
+            lowest=min(self.fp32.values()),
+            highest=max(self.fp32.values()),
+            spread=self.seed_spread,
         )
         if self.seed_spread == 0:
-            tail = "identical" if self.gap == 0 else f"{self.name} changed it and no seed did"
+            tail = (
+                tr("identical")
+                if self.gap == 0
+                else tr("{name} changed it and no seed did").format(name=self.name)
+            )
         elif self.within:
-            tail = (
-                f"within what a new seed changes ({self.gap / self.seed_spread:.2f}x the spread): "
+            tail = tr(
+                "within what a new seed changes ({ratio:.2f}x the spread): "
                 "the same result, as far as training can tell"
-            )
+            ).format(ratio=self.gap / self.seed_spread)
         else:
-            tail = (
-                f"beyond what a new seed changes ({self.gap / self.seed_spread:.1f}x the spread): "
-                f"{self.name} moved the result here"
-            )
+            tail = tr(
+                "beyond what a new seed changes ({ratio:.1f}x the spread): "
+                "{name} moved the result here"
+            ).format(ratio=self.gap / self.seed_spread, name=self.name)
         return f"{head}\n-> {tail}"
 
 

@@ -20,6 +20,7 @@ from helpers.attention_triton import triton_flash_forward, triton_status
 from helpers.devices import native_bf16, resolve_device
 from helpers.flash_attention import flash_forward
 from helpers.gpt import manual_attention
+from helpers.i18n import tr
 from helpers.machine_state import MachineState, merge_states
 from helpers.memory import track_peak
 from helpers.sweeps import free_cached_memory, is_out_of_memory
@@ -53,13 +54,22 @@ class SweepPlan(Printed):
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        text = (
-            f"{self.device}: batch {self.batch} x {self.heads} heads x head_dim {self.head_dim}, "
-            f"{str(self.dtype).removeprefix('torch.')} ({self.why_dtype}), causal; T = "
-            f"{', '.join(map(str, self.lengths))}; methods: {', '.join(self.methods)}"
+        text = tr(
+            "{device}: batch {batch} x {heads} heads x head_dim {head_dim}, {dtype} ({why}), "
+            "causal; T = {lengths}; methods: {methods}"
+        ).format(
+            device=self.device,
+            batch=self.batch,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            dtype=str(self.dtype).removeprefix("torch."),
+            why=self.why_dtype,
+            lengths=", ".join(map(str, self.lengths)),
+            methods=", ".join(self.methods),
         )
+        skipped = tr("skipped {method} at T = {t}: {why}")
         return text + "".join(
-            f"\n  skipped {m} at T = {t}: {why}" for (m, t), why in self.skips.items()
+            "\n  " + skipped.format(method=m, t=t, why=why) for (m, t), why in self.skips.items()
         )
 
 
@@ -71,12 +81,14 @@ def written_out_bytes(batch: int, heads: int, t: int, itemsize: int) -> int:
 def sweep_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """bf16 where the GPU has it natively, fp16 on older GPUs (a T4), fp32 on a CPU; and why (chapter 8)."""
     if device.type == "cpu":
-        return torch.float32, "a CPU: fp32, its fast format"
+        return torch.float32, tr("a CPU: fp32, its fast format")
     if native_bf16(device):
-        return torch.bfloat16, "bf16: the format attention trains in"
+        return torch.bfloat16, tr("bf16: the format attention trains in")
     if device.type == "cuda":
-        return torch.float16, "this GPU has no native bf16 (before Ampere): fp16 instead"
-    return torch.float16, f"no bf16 on this {device.type} device: fp16 instead"
+        return torch.float16, tr("this GPU has no native bf16 (before Ampere): fp16 instead")
+    return torch.float16, tr("no bf16 on this {device} device: fp16 instead").format(
+        device=device.type
+    )
 
 
 def sweep_plan(device: str | torch.device, lengths: Sequence[int] | None = None) -> SweepPlan:
@@ -95,27 +107,33 @@ def sweep_plan(device: str | torch.device, lengths: Sequence[int] | None = None)
     plan = SweepPlan(device, dtype, batch, heads, 64, lengths, tuple(methods), why)
     if status.mode != "compiled":
         plan.notes.append(
-            f"triton not timed (it needs a kernel compiled for an NVIDIA or AMD GPU): {status}"
+            tr(
+                "triton not timed (it needs a kernel compiled for an NVIDIA or AMD GPU): {status}"
+            ).format(status=status)
         )
     if device.type == "mps":
         plan.notes.append(
-            "an Apple GPU (MPS): the CPU's shorter lengths and batch, and SDPA's default only "
-            "(its per-kernel rows are CUDA kernels); no peak memory column: MPS reports the "
-            "memory allocated now, not a peak, and sampling it every ms is too coarse for one "
-            "forward; section 1's saved bytes are the measure of memory here"
+            tr(
+                "an Apple GPU (MPS): the CPU's shorter lengths and batch, and SDPA's default only "
+                "(its per-kernel rows are CUDA kernels); no peak memory column: MPS reports the "
+                "memory allocated now, not a peak, and sampling it every ms is too coarse for one "
+                "forward; section 1's saved bytes are the measure of memory here"
+            )
         )
     elif not gpu:
         plan.notes.append(
-            "no peak memory column: on a CPU it would be process RSS sampled every ms (chapter "
-            "1), too coarse for one forward; section 1's saved bytes are the CPU's measure"
+            tr(
+                "no peak memory column: on a CPU it would be process RSS sampled every ms (chapter "
+                "1), too coarse for one forward; section 1's saved bytes are the CPU's measure"
+            )
         )
     budget = 0.6 * (torch.cuda.get_device_properties(device).total_memory if gpu else 8 * GiB)
     for t in lengths:
         need = written_out_bytes(batch, heads, t, dtype.itemsize)
         if need > budget:
-            plan.skips[("written out", t)] = (
-                f"needs about {need / GiB:.1f} GiB, over 60% of the memory"
-            )
+            plan.skips[("written out", t)] = tr(
+                "needs about {gib:.1f} GiB, over 60% of the memory"
+            ).format(gib=need / GiB)
     return plan
 
 
@@ -167,9 +185,8 @@ def check_methods(plan: SweepPlan, t: int = 256) -> list[dict[str, Any]]:
         try:
             ratio = check_against_sdpa(plan, method_function(name, plan.device), t)
         except RuntimeError as exc:  # e.g. an SDPA kernel this GPU, dtype or build lacks
-            plan.skips.update(
-                {(name, length): "did not run in the check" for length in plan.lengths}
-            )
+            why = tr("did not run in the check")
+            plan.skips.update({(name, length): why for length in plan.lengths})
             rows.append({"method": name, "worst / bound": math.nan, "note": first_line(exc)})
             continue
         rows.append({"method": name, "worst / bound": ratio, "note": ""})
@@ -198,7 +215,7 @@ def _time_one(plan: SweepPlan, name: str, t: int, min_run_time: float) -> dict[s
     except RuntimeError as exc:  # a kernel this GPU or dtype lacks, or out of memory
         if is_out_of_memory(exc):
             free_cached_memory()
-        return {**row, "note": f"did not run: {first_line(exc)}"}
+        return {**row, "note": tr("did not run: {error}").format(error=first_line(exc))}
     flops = causal_forward_flops(plan.batch, plan.heads, t, plan.head_dim)
     row.update({"ms": result.median * 1e3, "IQR ms": result.iqr * 1e3})
     row["TFLOP/s"] = flops / result.median / 1e12

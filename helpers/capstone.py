@@ -27,6 +27,7 @@ from helpers.cuda_graphs import graph_capture_plan
 from helpers.devices import describe_device, resolve_device, synchronize
 from helpers.fp8 import convert_fp8, fp8_available
 from helpers.gpt import GPTConfig, decay_groups, make_gpt
+from helpers.i18n import tr, tr_mark
 from helpers.loops import best_adam_impl
 from helpers.machine_state import MachineState
 from helpers.matmul import tf32_available, tf32_matmuls
@@ -64,6 +65,10 @@ BIG_GPU_BYTES = 32 * 2**30
 #: the same kernels differed by 1% on the course's H100 run of 2026-11-26 (bench-ch07:
 #: resident vs baseline, 1.01x, both with an IQR of 0%), so a verdict needs 2% between rows.
 SPREAD_FLOOR = 0.01
+#: What cost_verdict is given as `what` in the chapter (translated where it is printed).
+COST_WORDS = (tr_mark("checkpointing"),)
+#: The first words of a verdict that keeps its lever (is_kept reads them in either language).
+KEPT = tr_mark("kept: {gain:.2f}x faster than without it {at} (noise ±{noise:.0%})")
 
 
 def check_lever(name: str) -> str:
@@ -130,18 +135,23 @@ def lever_available(name: str, device: str | torch.device) -> tuple[bool, str]:
         return choice.enabled, choice.reason
     if name == "tf32":
         ok = tf32_available(device)
-        return ok, "" if ok else "TF32 needs an NVIDIA GPU of compute capability 8.0+ (Ampere+)"
+        return ok, "" if ok else tr("TF32 needs an NVIDIA GPU of compute capability 8.0+ (Ampere+)")
     if name == "fused_adamw":
         ok = best_adam_impl(device) == "fused"
         return (
             ok,
-            "" if ok else f"this torch {torch.__version__} has no fused AdamW for {device.type}",
+            ""
+            if ok
+            else tr("this torch {version} has no fused AdamW for {device}").format(
+                version=torch.__version__, device=device.type
+            ),
         )
     if name in ("compile", "graphs") and device.type == "mps":
-        return False, "torch.compile on MPS is still early in torch 2.x: left out here"
+        return False, tr("torch.compile on MPS is still early in torch 2.x: left out here")
     if name == "graphs":
         ok, why = graph_capture_plan(device)
-        return ok, "" if ok else f"CUDA graphs need a CUDA or ROCm GPU and this is {device.type}"
+        why = tr("CUDA graphs need a CUDA or ROCm GPU and this is {device}")
+        return ok, "" if ok else why.format(device=device.type)
     if name == "fp8":
         return fp8_available(device)
     return True, ""
@@ -167,11 +177,18 @@ class Regime:
         return self.min_lr + 0.5 * (1 + math.cos(math.pi * done)) * (self.lr - self.min_lr)
 
     def __str__(self) -> str:
-        return (
-            f"AdamW, betas {self.betas}, weight decay {self.weight_decay:g} on matrices; learning "
-            f"rate warmed up over {self.warmup} steps to {self.lr:g}, cosine decay to "
-            f"{self.min_lr:g} by step {self.warmup + self.decay}; gradient norm clipped at "
-            f"{self.clip:g}"
+        return tr(
+            "AdamW, betas {betas}, weight decay {weight_decay:g} on matrices; learning rate "
+            "warmed up over {warmup} steps to {lr:g}, cosine decay to {min_lr:g} by step {end}; "
+            "gradient norm clipped at {clip:g}"
+        ).format(
+            betas=self.betas,
+            weight_decay=self.weight_decay,
+            warmup=self.warmup,
+            lr=self.lr,
+            min_lr=self.min_lr,
+            end=self.warmup + self.decay,
+            clip=self.clip,
         )
 
 
@@ -435,15 +452,17 @@ def fx_graph_cache_counts() -> tuple[int, int]:
 def compile_cache_label(levers: Levers, before: tuple[int, int], after: tuple[int, int]) -> str:
     """How a first interval's compile met Inductor's FX-graph cache, from the counts before and after it; '' when nothing compiles (chapter 7)."""
     if not levers.compile:  # graphs alone: the 'cudagraphs' backend captures eager kernels
-        return "n/a (no Inductor)" if levers.graphs else ""
+        return tr("n/a (no Inductor)") if levers.graphs else ""
     hits, misses = after[0] - before[0], after[1] - before[1]
     if hits == misses == 0:
-        return "unknown (no FX-graph cache lookup counted: the cache may be off in this torch)"
+        return tr("unknown (no FX-graph cache lookup counted: the cache may be off in this torch)")
     if hits == 0:
-        return f"cold cache ({misses} graph(s) compiled)"
+        return tr("cold cache ({misses} graph(s) compiled)").format(misses=misses)
     if misses == 0:
-        return f"warm cache ({hits} graph(s) loaded)"
-    return f"partly warm cache ({hits} graph(s) loaded, {misses} compiled)"
+        return tr("warm cache ({hits} graph(s) loaded)").format(hits=hits)
+    return tr("partly warm cache ({hits} graph(s) loaded, {misses} compiled)").format(
+        hits=hits, misses=misses
+    )
 
 
 def use_fresh_compile_cache() -> Path:
@@ -515,17 +534,35 @@ def timing_gain(row: LeverRow, best: LeverRow) -> tuple[float, float, str]:
     return verdict.ratio, verdict.noise, busy[0] if busy else ""
 
 
+def at_step(step_s: float) -> str:
+    """'at a 30.81 ms step', in the current language: where a verdict's step time was (chapter 7)."""
+    return tr("at a {ms:.4g} ms step").format(ms=1e3 * step_s)
+
+
+def busy_note(busy: str) -> str:
+    """The caveat a verdict ends with when the machine was busy, or '' (chapter 7)."""
+    return tr("; on a busy machine: re-run to confirm") if busy else ""
+
+
+def is_kept(verdict: str) -> bool:
+    """Whether a row's verdict (its `kept` text) keeps its lever, in English or the current language (chapter 7)."""
+    return verdict.startswith(("kept", tr(KEPT).partition("{")[0] or "kept"))
+
+
 def keep_verdict(row: LeverRow, best: LeverRow) -> tuple[bool, str]:
     """Keep `row`'s lever only if its step beats `best`'s (the same levers without it) beyond both spreads (chapter 7)."""
     gain, noise, busy = timing_gain(row, best)
-    at = f"at a {1e3 * best.step_s:.4g} ms step"
+    at = at_step(best.step_s)
     if abs(gain - 1) <= noise:
-        keep, text = False, f"dropped: not shown to help {at} ({gain:.2f}x, noise ±{noise:.0%})"
+        keep = False
+        text = tr("dropped: not shown to help {at} ({gain:.2f}x, noise ±{noise:.0%})")
     elif gain > 1:
-        keep, text = True, f"kept: {gain:.2f}x faster than without it {at} (noise ±{noise:.0%})"
+        keep, text = True, tr(KEPT)
     else:
-        keep, text = False, f"dropped: {1 / gain:.2f}x slower {at} (noise ±{noise:.0%})"
-    return keep, text + ("; on a busy machine: re-run to confirm" if busy else "")
+        keep = False
+        text = tr("dropped: {slower:.2f}x slower {at} (noise ±{noise:.0%})")
+    text = text.format(at=at, gain=gain, slower=1 / gain, noise=noise)
+    return keep, text + busy_note(busy)
 
 
 def removal_verdict(
@@ -533,28 +570,38 @@ def removal_verdict(
 ) -> tuple[bool, str]:
     """Remove lever `name` from the final configuration only if the step is faster without it beyond both spreads; `origin`: the pass that kept it (chapter 7)."""
     gain, noise, busy = timing_gain(without, final)
-    at = f"at a {1e3 * without.step_s:.4g} ms step"
+    at = at_step(without.step_s)
+    kept_by = ""
     if abs(gain - 1) <= noise:
         remove = False
-        kept_by = f"kept by {origin}" if origin else f"on in {final.label}"
-        text = f"{name} stays ({kept_by}): not shown to help {at} now ({1 / gain:.2f}x, noise ±{noise:.0%})"
+        kept_by = (
+            tr("kept by {origin}").format(origin=origin)
+            if origin
+            else tr("on in {levers}").format(levers=final.label)
+        )
+        text = tr(
+            "{name} stays ({kept_by}): not shown to help {at} now ({ratio:.2f}x, noise ±{noise:.0%})"
+        )
     elif gain > 1:
-        remove, text = True, f"{name} removed: {gain:.2f}x faster without it (noise ±{noise:.0%})"
+        remove = True
+        text = tr("{name} removed: {gain:.2f}x faster without it (noise ±{noise:.0%})")
     else:
         remove = False
-        text = f"{name} stays: {1 / gain:.2f}x faster than without it {at} (noise ±{noise:.0%})"
-    return remove, text + ("; on a busy machine: re-run to confirm" if busy else "")
+        text = tr("{name} stays: {ratio:.2f}x faster than without it {at} (noise ±{noise:.0%})")
+    text = text.format(name=name, kept_by=kept_by, at=at, gain=gain, ratio=1 / gain, noise=noise)
+    return remove, text + busy_note(busy)
 
 
 def cost_verdict(row: LeverRow, without: LeverRow, what: str) -> str:
     """What lever `what` costs in time: `row` (with it) against `without`, the same levers without it, beyond both spreads (chapter 7)."""
     gain, noise, busy = timing_gain(without, row)  # > 1: the step is faster without the lever
-    at = f"at a {1e3 * without.step_s:.4g} ms step"
+    at = at_step(without.step_s)
     if abs(gain - 1) <= noise:
-        text = f"no cost of {what} shown {at} ({gain:.2f}x, noise ±{noise:.0%})"
+        text = tr("no cost of {what} shown {at} ({gain:.2f}x, noise ±{noise:.0%})")
     else:
-        text = f"with {what} the step took {gain:.2f}x as long {at} (noise ±{noise:.0%})"
-    return text + ("; on a busy machine: re-run to confirm" if busy else "")
+        text = tr("with {what} the step took {gain:.2f}x as long {at} (noise ±{noise:.0%})")
+    what = tr(what) if what else what  # tr('') would be the catalog's header
+    return text.format(what=what, at=at, gain=gain, noise=noise) + busy_note(busy)
 
 
 def throughput_verdict(a: LeverRow, b: LeverRow, a_name: str, b_name: str) -> str:
@@ -578,10 +625,12 @@ def math_change(name: str, context: Levers) -> str:
     """'' where lever `name` keeps the math in `context` (so it is checked), else what it changes (chapter 7)."""
     check_lever(name)
     if name in ROUNDING:
-        return f"rounding changed by {name} on purpose"
+        return tr("rounding changed by {name} on purpose").format(name=name)
     rounding = [n for n in context.on() if n in ROUNDING]
     if name in ("sdpa", "compile") and rounding:
-        return f"{name} rounds the {' + '.join(rounding)} sums in another order: a 16-bit rounding change"
+        return tr(
+            "{name} rounds the {rounding} sums in another order: a 16-bit rounding change"
+        ).format(name=name, rounding=" + ".join(rounding))
     return ""
 
 
@@ -602,7 +651,7 @@ class LeverSearch:
         baseline = make(self.current)
         self.device = baseline.device
         self.best = measure(baseline)
-        self.best.kept, self.best.levers = "the baseline", self.current
+        self.best.kept, self.best.levers = tr("the baseline"), self.current
         self.rows = [self.best]
         self.ablation: list[LeverRow] = []
         self.side: list[LeverRow] = []  # rows measured beside the search (FP8, checkpointing)
@@ -641,21 +690,22 @@ class LeverSearch:
         """Measure the best levers so far plus `name`; keep it beyond the noise; None if it cannot run (chapter 7)."""
         ok, why = lever_available(name, self.device)
         if not ok:
-            print(f"{name}: skipped here: {why}.")
+            print(tr("{name}: skipped here: {why}.").format(name=name, why=why))
             return None
         levers = self.current.plus(name)
         row, error = self._measure(levers, self.best)
         if row is None:
-            print(f"{name}: dropped, it failed here: {error}")
+            print(tr("{name}: dropped, it failed here: {error}").format(name=name, error=error))
             return None
         keep, row.kept = keep_verdict(row, self.best)
         self.rows.append(row)
         self._check(row)
         if keep:
             parent, self.current, self.best = self.current, levers, row
-            self.origins[name] = "the greedy pass"
+            self.origins[name] = tr("the greedy pass")
             self._keep_trainer(levers, self._last_trainer, parent)
-        print(f"{name}: {row.kept}; now {self.best.speedup:.2f}x the baseline")
+        now = tr("{name}: {verdict}; now {speedup:.2f}x the baseline")
+        print(now.format(name=name, verdict=row.kept, speedup=self.best.speedup))
         return row
 
     def side_row(self, levers: Levers, parent: LeverRow) -> tuple[LeverRow | None, str]:
@@ -678,7 +728,7 @@ class LeverSearch:
         row = self.row_for(levers)
         if row is None:
             row = self.measure(self.make(levers))
-            row.levers, row.kept = levers, "measured as a reference"
+            row.levers, row.kept = levers, tr("measured as a reference")
             row.speedup = self.baseline.step_s / row.step_s
             self.side.append(row)
         return row
@@ -691,7 +741,7 @@ class LeverSearch:
     def final_verdict(self) -> str:
         """The final configuration against the baseline, read off both rows by compare_rows (chapter 7)."""
         if self.current == Levers():
-            return "nothing beat the baseline here: the final configuration is the baseline"
+            return tr("nothing beat the baseline here: the final configuration is the baseline")
         final, base = self.final_row, self.baseline
         machines = [m for m in (final.machine, base.machine) if m is not None]
         rows = [final.timing_row(), base.timing_row()]
@@ -711,7 +761,11 @@ class LeverSearch:
         if levers not in self.floors:
             row = self.row_for(levers)
             if row is None:
-                raise ValueError(f"{levers.label()!r} was not measured: measure it first.")
+                raise ValueError(
+                    tr("{levers!r} was not measured: measure it first.").format(
+                        levers=levers.label()
+                    )
+                )
             trainer = self.trainers.get(levers) or self.make(levers)
             steps = len(row.first_losses)
             runs = []
@@ -733,7 +787,11 @@ class LeverSearch:
         change = self.change_of(row)
         parent = self.row_for(row.parent)
         if parent is None:
-            raise ValueError(f"{row.parent.label()!r} was not measured: measure it first.")
+            raise ValueError(
+                tr("{levers!r} was not measured: measure it first.").format(
+                    levers=row.parent.label()
+                )
+            )
         label = f"{row.label} vs {parent.label}"
         floor = None if change else self.floor(row.parent)
         return same_math(label, row.first_losses, parent.first_losses, floor, change)
@@ -748,7 +806,8 @@ class LeverSearch:
         parent = row.parent.label() if row.parent is not None else "its parent"
         label = f"{row.label} vs {parent}"
         if change:
-            row.check = SameMath(label, [], None, f"{change}; not compared: {error}")
+            note = tr("{change}; not compared: {error}").format(change=change, error=error)
+            row.check = SameMath(label, [], None, note)
         else:
             row.check = check_not_run(label, error)
 
@@ -757,8 +816,10 @@ class LeverSearch:
         for number in range(1, max_passes + 1):
             final, error = self._measure(self.current, self.best)
             if final is None:
-                raise RuntimeError(f"the final configuration failed to run again: {error}")
-            final.kept = f"the final configuration (pass {number})"
+                raise RuntimeError(
+                    tr("the final configuration failed to run again: {error}").format(error=error)
+                )
+            final.kept = tr("the final configuration (pass {number})").format(number=number)
             final.parent = None
             self.ablation.append(final)
             self._keep_trainer(self.current, self._last_trainer, None)
@@ -769,7 +830,8 @@ class LeverSearch:
                 levers = self.current.toggled(name)
                 row, error = self._measure(levers, final)
                 if row is None:
-                    print(f"  {levers.label()}: failed here: {error}")
+                    failed = tr("{levers}: failed here: {error}")
+                    print("  " + failed.format(levers=levers.label(), error=error))
                     continue
                 self.ablation.append(row)
                 self._check(row)
@@ -782,16 +844,23 @@ class LeverSearch:
                 if better and gain > best_gain:
                     best_gain, best_row = gain, row
             if best_row is None:
-                print(f"ablation pass {number}: no lever switched on or off beats the final")
+                settled = tr("ablation pass {number}: no lever switched on or off beats the final")
+                print(settled.format(number=number))
                 return True
-            print(f"ablation pass {number}: {best_row.label} beats the final, {best_gain:.2f}x")
+            print(
+                tr("ablation pass {number}: {levers} beats the final, {best_gain:.2f}x").format(
+                    number=number, levers=best_row.label, best_gain=best_gain
+                )
+            )
             switched = changed_lever(best_row.levers, self.current)
             if getattr(best_row.levers, switched):
-                self.origins[switched] = f"ablation pass {number}"
+                self.origins[switched] = tr("ablation pass {number}").format(number=number)
             else:
                 self.origins.pop(switched, None)
             self.current, self.best = best_row.levers, best_row
-        print(f"ablation: stopped after {max_passes} passes, still changing")
+        print(
+            tr("ablation: stopped after {passes} passes, still changing").format(passes=max_passes)
+        )
         return False
 
     def not_shown_to_help(self) -> list[str]:
@@ -804,7 +873,7 @@ class LeverSearch:
             changed_lever(r.levers, r.parent)
             for r in rows
             if r.parent == self.current
-            and not r.kept.startswith("kept")
+            and not is_kept(r.kept)
             and getattr(r.levers, changed_lever(r.levers, r.parent))
         ]
 
@@ -829,7 +898,7 @@ def plot_levers(rows: list[LeverRow], title: str = "") -> Figure:
     fig = Figure(figsize=(8, 0.45 * len(rows) + 1.2))
     ax = fig.subplots()
     labels = [r.label if len(r.label) < 48 else r.label[:45] + "..." for r in rows]
-    colors = ["tab:green" if r.kept.startswith("kept") else "tab:gray" for r in rows]
+    colors = ["tab:green" if is_kept(r.kept) else "tab:gray" for r in rows]
     ax.barh(labels[::-1], [r.tokens_per_s for r in rows][::-1], color=colors[::-1])
     for i, r in enumerate(rows[::-1]):
         ax.text(r.tokens_per_s, i, f" {r.speedup:.2f}x", va="center", fontsize=8)
@@ -922,12 +991,21 @@ def recipe_ratio(
     device = resolve_device(device)
     shape = (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.seq_len, batch_size, cfg.vocab_size)
     if shape != recipe.shape:
-        return f"the public recipe's figure does not apply here: it was measured at {recipe.shape} (layers, heads, width, seq_len, batch, vocabulary), this run is {shape}"
+        return tr(
+            "the public recipe's figure does not apply here: it was measured at {recipe_shape} "
+            "(layers, heads, width, seq_len, batch, vocabulary), this run is {shape}"
+        ).format(recipe_shape=recipe.shape, shape=shape)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     row, ref = peak_row(name), peak_row(recipe.gpu)
     if row is None or ref is None or row.tflops.get("bf16") != ref.tflops.get("bf16"):
-        return f"the public recipe's figure does not apply here: it was measured on an {recipe.gpu}, this is {name}"
+        return tr(
+            "the public recipe's figure does not apply here: it was measured on an {gpu}, "
+            "this is {name}"
+        ).format(gpu=recipe.gpu, name=name)
     ratio = tokens_per_s / recipe.tokens_per_s
     same = row.pattern == ref.pattern
-    note = "" if same else f" ({name} has the H100 SXM's bf16 peak but other memory: indicative)"
-    return f"final vs the public recipe: {ratio:.2f}x ({tokens_per_s:,.0f} vs {recipe.tokens_per_s:,.0f} tokens/s){note}"
+    indicative = tr("({name} has the H100 SXM's bf16 peak but other memory: indicative)")
+    note = "" if same else " " + indicative.format(name=name)
+    return tr(
+        "final vs the public recipe: {ratio:.2f}x ({mine:,.0f} vs {recipe:,.0f} tokens/s){note}"
+    ).format(ratio=ratio, mine=tokens_per_s, recipe=recipe.tokens_per_s, note=note)

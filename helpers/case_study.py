@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from helpers.data import make_classification_data
 from helpers.devices import resolve_device
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 from helpers.models import make_mlp
 from helpers.tables import format_table
@@ -67,6 +68,14 @@ class PreprocessingDataset(Dataset):
         row = self.x[i].tolist()  # Python floats are float64, like preprocess()
         z = [min(max((v - m) / s, -3.0), 3.0) for v, m, s in zip(row, self.mean, self.std)]
         return torch.tensor(z, dtype=torch.float32), self.y[i]
+
+
+#: What plot_fixes says after the verdict, by run_fixes' "same result" (None: a bigger batch).
+SAME_RESULT_WORDS = {
+    None: tr_mark("changes the math"),
+    True: tr_mark("same result"),
+    False: tr_mark("DIFFERENT result"),
+}
 
 
 @dataclass
@@ -363,8 +372,7 @@ def plot_fixes(result: dict[str, object]) -> Figure:
     label = "\n".join(result["chosen"]) or "no fixes"
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.bar(["slow loop", label], ms, color=["tab:red", "tab:green"])
-    verdicts = {None: "changes the math", True: "same result", False: "DIFFERENT result"}
-    title = f"{result['verdict']}; {verdicts[result['same result']]}"
+    title = f"{result['verdict']}; {tr(SAME_RESULT_WORDS[result['same result']])}"
     ax.set_title(textwrap.fill(title, 70), fontsize=9)
     ax.set_ylabel("ms per epoch (median)")
     ax.tick_params(axis="x", labelsize=8)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from helpers.devices import resolve_device, synchronize
+from helpers.i18n import tr, tr_mark
 from helpers.units import Printed
 from helpers.validate import positive_int
 
@@ -281,15 +282,39 @@ class SameButFor(Printed):
         return self.beyond == 0
 
     def __str__(self) -> str:
-        verdict = "within rounding" if self.ok else f"{self.beyond} value(s) BEYOND rounding"
+        if self.ok:
+            verdict = tr("within rounding")
+        else:
+            verdict = tr("{n} value(s) BEYOND rounding").format(n=self.beyond)
         tol = f"(rtol {self.rtol:g}, atol {self.atol:g})"
-        head = f"{self.what}: {self.count} values, largest gap {self.gap:.1e}"
+        what = _name(self.what)
         if self.effect is None:
-            return f"{head}: {verdict} {tol}"
-        return (
-            f"{head}; {self.effect_name} alone moves them by up to {self.effect:.1e}; with that "
-            f"removed, the largest gap is {self.residual:.1e}: {verdict} {tol}"
+            return tr("{what}: {count} values, largest gap {gap:.1e}: {verdict} {tol}").format(
+                what=what, count=self.count, gap=self.gap, verdict=verdict, tol=tol
+            )
+        return tr(
+            "{what}: {count} values, largest gap {gap:.1e}; {effect_name} alone moves them by "
+            "up to {effect:.1e}; with that removed, the largest gap is {residual:.1e}: "
+            "{verdict} {tol}"
+        ).format(
+            what=what,
+            count=self.count,
+            gap=self.gap,
+            effect_name=_name(self.effect_name),
+            effect=self.effect,
+            residual=self.residual,
+            verdict=verdict,
+            tol=tol,
         )
+
+
+#: same_but_for's default names of what it compares and of the removed effect, for the catalog.
+DEFAULT_WHAT, DEFAULT_EFFECT = tr_mark("losses"), tr_mark("the known effect")
+
+
+def _name(name: str) -> str:
+    """A name given to same_but_for, translated where it is one of the defaults (chapter 2)."""
+    return tr(name) if name in (DEFAULT_WHAT, DEFAULT_EFFECT) else name
 
 
 def same_but_for(
@@ -297,8 +322,8 @@ def same_but_for(
     reference: Sequence[float] | torch.Tensor,
     effect: tuple[Sequence[float], Sequence[float]] | None = None,
     *,
-    what: str = "losses",
-    effect_name: str = "the known effect",
+    what: str = DEFAULT_WHAT,
+    effect_name: str = DEFAULT_EFFECT,
     rtol: float = ROUNDING_RTOL,
     atol: float = ROUNDING_ATOL,
 ) -> SameButFor:

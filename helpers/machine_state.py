@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import torch
 
+from helpers.i18n import tr
 from helpers.nvml_snapshot import nvml_handle
 from helpers.processes import cpu_cores
 from helpers.units import Printed, format_bytes
@@ -42,12 +43,16 @@ class GpuTenants:
 
     def __str__(self) -> str:
         if self.count is None:
-            return f"other GPU processes: unknown ({self.note})"
+            return tr("other GPU processes: unknown ({note})").format(note=self.note)
+        note = tr(" ({note})").format(note=self.note) if self.note else ""
         if not self.count:
-            return "no other process on this GPU" + (f" ({self.note})" if self.note else "")
-        held = f", holding {format_bytes(self.memory)}" if self.memory else ""
-        return f"GPU shared with {self.count} other compute process(es){held}" + (
-            f" ({self.note})" if self.note else ""
+            return tr("no other process on this GPU{note}").format(note=note)
+        if self.memory:
+            return tr(
+                "GPU shared with {count} other compute process(es), holding {memory}{note}"
+            ).format(count=self.count, memory=format_bytes(self.memory), note=note)
+        return tr("GPU shared with {count} other compute process(es){note}").format(
+            count=self.count, note=note
         )
 
 
@@ -64,20 +69,26 @@ def gpu_tenants(device: str | torch.device) -> GpuTenants:
     """Compute processes other than this one on the CUDA GPU `device`; never raises (chapter 1)."""
     device = torch.device(device)
     if device.type != "cuda":
-        return GpuTenants(None, note=f"not read on {device.type}")
+        return GpuTenants(None, note=tr("not read on {kind}").format(kind=device.type))
     if getattr(torch.version, "hip", None):
-        return GpuTenants(None, note="NVML does not see AMD GPUs; rocm-smi lists their processes")
+        return GpuTenants(
+            None, note=tr("NVML does not see AMD GPUs; rocm-smi lists their processes")
+        )
     mine = _holds_context(device)  # before nvml_handle, whose device query initialises CUDA
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # no nvidia-ml-py, or no driver library
-        return GpuTenants(None, note=f"NVML unavailable: {type(exc).__name__}")
+        return GpuTenants(
+            None, note=tr("NVML unavailable: {error}").format(error=type(exc).__name__)
+        )
     try:
         listed = pynvml.nvmlDeviceGetComputeRunningProcesses(nvml_handle(pynvml, device))
     except Exception as exc:  # NotSupported (MIG, some vGPUs), NoPermission, ...
-        return GpuTenants(None, note=f"NVML could not list processes: {type(exc).__name__}")
+        return GpuTenants(
+            None, note=tr("NVML could not list processes: {error}").format(error=type(exc).__name__)
+        )
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
@@ -103,7 +114,7 @@ def _others(listed: list[Any], own: set[int], have_context: bool) -> GpuTenants:
     if have_context and len(others) == len(listed) and others:
         # In a container NVML lists the host's pids: one of them is this process.
         others = others[1:]
-        note = "pids from another namespace: one of the listed processes counted as this one"
+        note = tr("pids from another namespace: one of the listed processes counted as this one")
     used = [getattr(p, "usedGpuMemory", None) for p in others]
     memory = sum(u for u in used if isinstance(u, int)) or None
     return GpuTenants(len(others), memory, note)
@@ -171,22 +182,35 @@ class MachineState(Printed):
         if self.gpu_shared:
             why.append(str(self.gpu))
         if self.cpu_loaded:
-            why.append(f"CPU loaded ({self._cpu_text()})")
+            why.append(tr("CPU loaded ({cpu})").format(cpu=self._cpu_text()))
         return "; ".join(why)
 
     def _cpu_text(self) -> str:
         parts = []
         if self.others_cores is not None:
-            parts.append(f"other processes kept {self.others_cores:.1f} cores busy")
+            parts.append(
+                tr("other processes kept {cores:.1f} cores busy").format(cores=self.others_cores)
+            )
         if self.load_1min is not None:
-            parts.append(f"load {self.load_1min:.1f}")
-        parts.append(f"{self.system_cores} cores, {self.usable_cores} usable")
-        return ", ".join(parts)
+            parts.append(tr("load {load:.1f}").format(load=self.load_1min))
+        parts.append(
+            tr("{system} cores, {usable} usable").format(
+                system=self.system_cores, usable=self.usable_cores
+            )
+        )
+        return tr(", ").join(parts)
 
     def __str__(self) -> str:
-        head = "machine: " + ("quiet" if self.quiet else "BUSY")
-        gpu = "" if self.gpu.count is None and self.device.startswith("cpu") else f"; {self.gpu}"
-        return f"{head} ({self._cpu_text()}; torch {self.torch_threads} thread(s){gpu})"
+        if self.gpu.count is None and self.device.startswith("cpu"):  # no GPU to speak of
+            if self.quiet:
+                line = tr("machine: quiet ({cpu}; torch {threads} thread(s))")
+            else:
+                line = tr("machine: BUSY ({cpu}; torch {threads} thread(s))")
+        elif self.quiet:
+            line = tr("machine: quiet ({cpu}; torch {threads} thread(s); {gpu})")
+        else:
+            line = tr("machine: BUSY ({cpu}; torch {threads} thread(s); {gpu})")
+        return line.format(cpu=self._cpu_text(), threads=self.torch_threads, gpu=self.gpu)
 
 
 def _load_1min() -> float | None:

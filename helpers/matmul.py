@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 from helpers.devices import TF32_CAPABILITY, available_devices, check_dtype, is_rocm, resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, is_tf32
+from helpers.i18n import tr
 from helpers.loops import time_once, torch_threads
 from helpers.machine_state import MachineState, merge_states
 from helpers.peaks import peak_flops
@@ -382,11 +384,16 @@ def cpu_floor_notes(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
     notes = {}
     for run in runs:
         times = [r["CPU (ms)"] for r in run]
-        why = (
-            f"the CPU time stayed flat ({min(times):.4g}-{max(times):.4g} ms) from n={run[0]['n']} "
-            f"to n={run[-1]['n']} while the FLOPs grew {(run[-1]['n'] / run[0]['n']) ** 3:.0f}x: "
-            "a floor of this machine (call overhead or thread scheduling), not a measurement of "
-            "the matmul"
+        why = tr(
+            "the CPU time stayed flat ({low:.4g}-{high:.4g} ms) from n={first} to n={last} "
+            "while the FLOPs grew {growth:.0f}x: a floor of this machine (call overhead or "
+            "thread scheduling), not a measurement of the matmul"
+        ).format(
+            low=min(times),
+            high=max(times),
+            first=run[0]["n"],
+            last=run[-1]["n"],
+            growth=(run[-1]["n"] / run[0]["n"]) ** 3,
         )
         notes.update({r["n"]: why for r in run})
     return notes
@@ -410,7 +417,7 @@ def timing_pair_verdict(
 def speedup_verdict(result: MatmulSweep) -> str:
     """The speed-up's verdict from run_speedup's own rows: largest speed-up, break-even, floors, conditions (chapter 1)."""
     if not result.rows:
-        return "no size was measured on both devices: no speed-up to call"
+        return tr("no size was measured on both devices: no speed-up to call")
     accel = next(
         k[: -len(" (ms)")] for k in result.rows[0] if k.endswith(" (ms)") and k != "CPU (ms)"
     )
@@ -420,25 +427,44 @@ def speedup_verdict(result: MatmulSweep) -> str:
     if counted:
         top = max(counted, key=lambda r: r["speed-up"])
         lines.append(
-            f"largest speed-up, at n={top['n']}: {timing_pair_verdict(top, accel, 'CPU', result.machine)}"
+            tr("largest speed-up, at n={n}: {verdict}").format(
+                n=top["n"], verdict=timing_pair_verdict(top, accel, "CPU", result.machine)
+            )
         )
         verdicts = {r["n"]: timing_pair_verdict(r, accel, "CPU", result.machine) for r in counted}
         wins = [n for n, v in verdicts.items() if v.conclusive and v.ratio > 1]
         from_n = next((n for n in verdicts if all(m in wins for m in verdicts if m >= n)), None)
         if from_n is not None:
-            lines.append(f"{accel} faster beyond the spreads from n={from_n} on")
+            lines.append(
+                tr("{device} faster beyond the spreads from n={n} on").format(
+                    device=accel, n=from_n
+                )
+            )
         elif result.machine is not None and not result.machine.quiet:
-            lines.append(f"no break-even called: {result.machine.caveat()}")
+            lines.append(
+                tr("no break-even called: {caveat}").format(caveat=result.machine.caveat())
+            )
         else:
-            lines.append(f"{accel} was not faster beyond the spreads at every size from some n on")
+            lines.append(
+                tr(
+                    "{device} was not faster beyond the spreads at every size from some n on"
+                ).format(device=accel)
+            )
     for why in dict.fromkeys(floors.values()):  # one line per flat run, in order
         sizes = ", ".join(str(n) for n, w in floors.items() if w == why)
-        lines.append(f"not counted, n = {sizes}: {why}")
+        lines.append(tr("not counted, n = {sizes}: {why}").format(sizes=sizes, why=why))
     threads = sorted({r["CPU threads"] for r in result.rows})
-    conditions = str(result.machine) if result.machine is not None else "machine state not recorded"
+    conditions = (
+        str(result.machine) if result.machine is not None else tr("machine state not recorded")
+    )
+    counts = functools.reduce(
+        lambda a, b: tr("{a} and {b}").format(a=a, b=b), map(str, threads)
+    )  # "1 and 8"
     lines.append(
-        f"relative to this CPU configuration (the faster of {' and '.join(map(str, threads))} "
-        f"thread(s) per n; {conditions}): another CPU, thread count or load gives another ratio"
+        tr(
+            "relative to this CPU configuration (the faster of {threads} thread(s) per n; "
+            "{conditions}): another CPU, thread count or load gives another ratio"
+        ).format(threads=counts, conditions=conditions)
     )
     return "\n".join(lines)
 

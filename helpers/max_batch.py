@@ -12,6 +12,7 @@ from torch import nn
 
 from helpers.activations import analytic_activation_bytes, measure_activation_bytes
 from helpers.devices import resolve_device
+from helpers.i18n import tr
 from helpers.memory_bill import autocast_dtype, estimate_training_memory
 from helpers.sweeps import free_cached_memory, is_out_of_memory
 from helpers.tables import format_table
@@ -26,19 +27,22 @@ class StepOutcome:
     ok: bool
     message: str
     value: Any = None
+    summary: str = ""  # the message's first sentence (what ran out), for a probe's table cell
 
 
 def _oom_message(text: str) -> str:
     """A one-line, readable summary of an out-of-memory error's text (chapter 5)."""
-    first = text.strip().splitlines()[0] if text.strip() else "out of memory"
+    first = text.strip().splitlines()[0] if text.strip() else tr("out of memory")
     found = re.search(r"allocate (\d+) bytes", first)
     if found:  # the CPU allocator states raw bytes
-        return (
-            f"tried to allocate {format_bytes(int(found.group(1)))} and the CPU allocator refused"
+        return tr("tried to allocate {size} and the CPU allocator refused").format(
+            size=format_bytes(int(found.group(1)))
         )
     found = re.search(r"[Tt]ried to allocate ([\d.]+ \w+)", first)
     if found:  # CUDA states a formatted size and what is free
-        return f"tried to allocate {found.group(1)} ({first[:160]})"
+        return tr("tried to allocate {size} ({error})").format(
+            size=found.group(1), error=first[:160]
+        )
     return first[:200]
 
 
@@ -55,11 +59,15 @@ def try_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StepOutcome:
         exc.__traceback__ = None  # the traceback holds the failed call's frames and tensors
         del exc
         free_cached_memory()
-        name = getattr(fn, "__name__", "the step")
+        name = getattr(fn, "__name__", tr("the step"))
+        head = tr("Out of memory in {name}: {summary}").format(name=name, summary=summary)
         return StepOutcome(
             False,
-            f"Out of memory in {name}: {summary}. What the failed call held has been freed; "
-            "try a smaller batch, activation checkpointing or mixed precision.",
+            tr(
+                "{head}. What the failed call held has been freed; try a smaller batch, "
+                "activation checkpointing or mixed precision."
+            ).format(head=head),
+            summary=head,
         )
     return StepOutcome(True, "ok", value)
 
@@ -74,10 +82,15 @@ class MaxBatchResult(Printed):
     method: str = ""
 
     def __str__(self) -> str:
-        head = f"largest batch that fits: {self.largest}"
         if self.largest >= self.limit:  # even the limit fitted: the real maximum may be larger
-            head += " (the search limit; larger may fit too)"
-        head += f"  [{self.method}, {len(self.probes)} probes]" if self.method else ""
+            head = tr("largest batch that fits: {largest} (the search limit; larger may fit too)")
+        else:
+            head = tr("largest batch that fits: {largest}")
+        head = head.format(largest=self.largest)
+        if self.method:
+            head += "  " + tr("[{method}, {n} probes]").format(
+                method=self.method, n=len(self.probes)
+            )
         return f"{head}\n{format_table(self.probes)}"
 
 
@@ -108,8 +121,10 @@ def find_max_batch(
     probes: list[dict[str, Any]] = []
     if not _ask(fits, start, probes):
         raise ValueError(
-            f"Even batch size {start} does not fit: {probes[-1]['detail'] or 'fits() said no'}. "
-            "Free memory, shrink the model or its optimizer state, or raise the budget."
+            tr(
+                "Even batch size {start} does not fit: {why}. Free memory, shrink the model or "
+                "its optimizer state, or raise the budget."
+            ).format(start=start, why=probes[-1]["detail"] or tr("fits() said no"))
         )
     good, bad = start, limit + 1  # bad: the smallest batch known not to fit
     while bad - good > 1:  # doubling while nothing has failed, then bisection
@@ -149,9 +164,11 @@ def max_batch_under_budget(
     ).total
     if fixed > budget:
         raise ValueError(
-            f"The model alone needs {format_bytes(fixed)} for parameters, gradients and optimizer "
-            f"state, more than the budget of {format_bytes(budget)}: no batch size fits. "
-            "Use an optimizer with less state (SGD), a smaller model, or a bigger budget."
+            tr(
+                "The model alone needs {fixed} for parameters, gradients and optimizer state, "
+                "more than the budget of {budget}: no batch size fits. Use an optimizer with "
+                "less state (SGD), a smaller model, or a bigger budget."
+            ).format(fixed=format_bytes(fixed), budget=format_bytes(budget))
         )
     param = next(model.parameters())
 
@@ -167,9 +184,15 @@ def max_batch_under_budget(
             )
         need = fixed + saved
         verdict = "<=" if need <= budget else ">"
-        return need <= budget, f"needs {format_bytes(need)} {verdict} budget {format_bytes(budget)}"
+        return need <= budget, tr("needs {need} {op} budget {budget}").format(
+            need=format_bytes(need), op=verdict, budget=format_bytes(budget)
+        )
 
-    return find_max_batch(fits, limit=limit, method=f"budget {format_bytes(budget)}, {method}")
+    return find_max_batch(
+        fits,
+        limit=limit,
+        method=tr("budget {budget}, {method}").format(budget=format_bytes(budget), method=method),
+    )
 
 
 def max_batch_before_oom(
@@ -181,13 +204,18 @@ def max_batch_before_oom(
     device = resolve_device(device)
     if device.type == "cpu":
         raise ValueError(
-            "On a CPU, running out of memory can get the whole process killed by the operating "
-            "system (the Linux OOM killer) instead of raising an error you can catch. Search "
-            "against a byte budget instead: max_batch_under_budget(model, sample_shape, budget_bytes)."
+            tr(
+                "On a CPU, running out of memory can get the whole process killed by the "
+                "operating system (the Linux OOM killer) instead of raising an error you can "
+                "catch. Search against a byte budget instead: max_batch_under_budget(model, "
+                "sample_shape, budget_bytes)."
+            )
         )
 
     def fits(batch: int) -> tuple[bool, str]:
         outcome = try_step(step, batch)
-        return outcome.ok, "ran" if outcome.ok else outcome.message.split(". What")[0]
+        return outcome.ok, tr("ran") if outcome.ok else outcome.summary
 
-    return find_max_batch(fits, limit=limit, method=f"real out-of-memory on {device}")
+    return find_max_batch(
+        fits, limit=limit, method=tr("real out-of-memory on {device}").format(device=device)
+    )

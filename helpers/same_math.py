@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from helpers.i18n import tr
 from helpers.units import Printed
 
 #: How many times its noise floor a lever's loss gap may reach and still count as the same
@@ -85,11 +86,15 @@ class NoiseFloor(Printed):
         return out
 
     def __str__(self) -> str:
-        return (
-            f"noise floor of {self.label} over {self.steps} steps: a rerun differs by up to "
-            f"{max(self.rerun, default=0):.1e}, weights one ulp up by up to "
-            f"{max(self.nudged, default=0):.1e} (the loss's own ulp: "
-            f"{loss_ulp(max(self.losses, default=0)):.1e})"
+        return tr(
+            "noise floor of {label} over {steps} steps: a rerun differs by up to {rerun:.1e}, "
+            "weights one ulp up by up to {nudged:.1e} (the loss's own ulp: {ulp:.1e})"
+        ).format(
+            label=self.label,
+            steps=self.steps,
+            rerun=max(self.rerun, default=0),
+            nudged=max(self.nudged, default=0),
+            ulp=loss_ulp(max(self.losses, default=0)),
         )
 
 
@@ -150,24 +155,32 @@ class SameMath(Printed):
         """One line: same math or not, over how many steps, and by how much (chapter 7)."""
         n, largest = len(self.gaps), max(self.gaps, default=0.0)
         if self.error:
-            return (
-                f"{self.label}: NOT CHECKED, and this lever must keep the math: the check could "
-                f"not run ({self.error})"
-            )
+            return tr(
+                "{label}: NOT CHECKED, and this lever must keep the math: the check could "
+                "not run ({error})"
+            ).format(label=self.label, error=self.error)
         if not self.checked:
-            return (
-                f"{self.label}: {self.note}; largest gap over {n} steps {largest:.1e} (not checked)"
-            )
+            return tr(
+                "{label}: {note}; largest gap over {n} steps {largest:.1e} (not checked)"
+            ).format(label=self.label, note=self.note, n=n, largest=largest)
         step, ratio = self.worst
         if self.passed:
-            return (
-                f"{self.label}: same math over {n} steps (largest gap {largest:.1e}; at its "
-                f"closest, step {step}, {ratio:.2g}x of the tolerance, {self.factor:g} x the "
+            return tr(
+                "{label}: same math over {n} steps (largest gap {largest:.1e}; at its "
+                "closest, step {step}, {ratio:.2g}x of the tolerance, {factor:g} x the "
                 "noise floor)"
+            ).format(
+                label=self.label, n=n, largest=largest, step=step, ratio=ratio, factor=self.factor
             )
-        return (
-            f"{self.label}: DIFFERENT: at step {step} the gap is {ratio:.3g}x the tolerance "
-            f"({self.factor:g} x the noise floor); {self.note or 'the math changed'}"
+        return tr(
+            "{label}: DIFFERENT: at step {step} the gap is {ratio:.3g}x the tolerance "
+            "({factor:g} x the noise floor); {why}"
+        ).format(
+            label=self.label,
+            step=step,
+            ratio=ratio,
+            factor=self.factor,
+            why=self.note or tr("the math changed"),
         )
 
     def __str__(self) -> str:
@@ -182,7 +195,7 @@ class SameMath(Printed):
         for name, values in rows:
             lines.append(f"  {name:<10s} " + " ".join(f"{v:7.1e}" for v in values[:shown]))
         if len(self.gaps) > shown:
-            lines.append(f"  ... {len(self.gaps) - shown} more steps")
+            lines.append("  " + tr("... {n} more steps").format(n=len(self.gaps) - shown))
         return "\n".join(lines)
 
     def check(self) -> SameMath:
@@ -197,22 +210,31 @@ class SameMath(Printed):
             raise ValueError(f"{self.label}: a control needs a noise floor to be held against.")
         step, ratio = self.worst
         n = len(self.gaps)
+        what = self.note or tr("it")
         if self.first_over is None:
-            return (
-                f"{self.label}: within the tolerance over all {n} steps (closest at step {step}, "
-                f"{ratio:.2g}x the tolerance): over {n} steps this check cannot tell "
-                f"{self.note or 'it'} from this device's noise"
-            )
-        return (
-            f"{self.label}: past the tolerance from step {self.first_over} of {n} (worst: step "
-            f"{step}, {ratio:.3g}x the tolerance, {self.factor:g} x the noise floor): the "
-            f"check sees {self.note or 'it'}"
+            return tr(
+                "{label}: within the tolerance over all {n} steps (closest at step {step}, "
+                "{ratio:.2g}x the tolerance): over {n} steps this check cannot tell "
+                "{what} from this device's noise"
+            ).format(label=self.label, n=n, step=step, ratio=ratio, what=what)
+        return tr(
+            "{label}: past the tolerance from step {first} of {n} (worst: step "
+            "{step}, {ratio:.3g}x the tolerance, {factor:g} x the noise floor): the "
+            "check sees {what}"
+        ).format(
+            label=self.label,
+            first=self.first_over,
+            n=n,
+            step=step,
+            ratio=ratio,
+            factor=self.factor,
+            what=what,
         )
 
 
 def check_not_run(label: str, error: str) -> SameMath:
     """A same-math check that the math needed and that could not run: it fails, with the reason (chapter 7)."""
-    return SameMath(label, [], None, error=error or "no reason given")
+    return SameMath(label, [], None, error=error or tr("no reason given"))
 
 
 def same_math(

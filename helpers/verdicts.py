@@ -13,7 +13,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
+
+#: The words compare_rows is given for "better" (its `better=`), so the catalog has them.
+BETTER_WORDS = (tr_mark("faster"), tr_mark("slower"), tr_mark("shorter"), tr_mark("more tokens/s"))
 
 
 class Verdict(str):
@@ -98,17 +102,24 @@ def compare_rows(
     na, nb = label.format(a), label.format(b)
     if not beyond:  # the row ahead first, so the ratio reads as in a conclusive verdict
         ahead, behind, lead = (na, nb, ratio) if ratio >= 1 else (nb, na, 1 / ratio)
-        text = (
-            f"{ahead} vs {behind}: too close to call ({lead:.2f}x, spreads add up to {noise:.0%})"
-        )
+        text = tr(
+            "{ahead} vs {behind}: too close to call ({lead:.2f}x, spreads add up to {noise:.0%})"
+        ).format(ahead=ahead, behind=behind, lead=lead, noise=noise)
     elif ratio > 1:
-        text = f"here, {na} was {ratio:.2f}x {better} than {nb}"
+        text = tr("here, {a} was {ratio:.2f}x {better} than {b}").format(
+            a=na, ratio=ratio, better=tr(better), b=nb
+        )
     else:
-        text = f"here, {nb} was {1 / ratio:.2f}x {better} than {na}"
+        text = tr("here, {a} was {ratio:.2f}x {better} than {b}").format(
+            a=nb, ratio=1 / ratio, better=tr(better), b=na
+        )
     state = _machine(machine)
     quiet = state is None or state.quiet
     if not quiet:
-        text = f"inconclusive, {state.caveat()}; measured: {text}"  # type: ignore[union-attr]
+        text = tr("inconclusive, {caveat}; measured: {text}").format(
+            caveat=state.caveat(),  # type: ignore[union-attr]
+            text=text,
+        )
     verdict = Verdict(text)
     verdict.a, verdict.b, verdict.ratio, verdict.noise = str(a), str(b), ratio, noise
     verdict.conclusive = beyond and quiet

@@ -63,31 +63,31 @@ ALLOWED: list[tuple[str, str, str]] = [
     # --- verdict text wrapped around a compare_rows result (its ratio, its noise) -------------
     (
         "helpers/capstone.py",
-        'f"dropped: not shown to help',
+        '"dropped: not shown to help',
         "keep_verdict: the ratio of a compare_rows verdict",
     ),
     (
         "helpers/capstone.py",
-        'f"kept: {gain:.2f}x',
+        '"kept: {gain:.2f}x',
         "keep_verdict: the ratio of a compare_rows verdict",
     ),
     (
         "helpers/capstone.py",
-        'f"dropped: {1 / gain',
+        '"dropped: {slower:.2f}x',
         "keep_verdict: the ratio of a compare_rows verdict",
     ),
     (
         "helpers/capstone.py",
-        "now ({1 / gain:.2f}x",
+        "now ({ratio:.2f}x",
         "removal_verdict: a compare_rows ratio",
     ),
     ("helpers/capstone.py", "removed: {gain:.2f}x", "removal_verdict: a compare_rows ratio"),
-    ("helpers/capstone.py", "stays: {1 / gain", "removal_verdict: a compare_rows ratio"),
-    ("helpers/capstone.py", 'f"no cost of {what} shown', "cost_verdict: a compare_rows ratio"),
+    ("helpers/capstone.py", "stays: {ratio:.2f}x", "removal_verdict: a compare_rows ratio"),
+    ("helpers/capstone.py", '"no cost of {what} shown', "cost_verdict: a compare_rows ratio"),
     ("helpers/capstone.py", "the step took {gain:.2f}x", "cost_verdict: a compare_rows ratio"),
     (
         "helpers/capstone.py",
-        "now {self.best.speedup",
+        "now {speedup:.2f}x the baseline",
         "the best row so far against the baseline row",
     ),
     (

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from helpers.i18n import tr
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -104,7 +106,7 @@ def _where(exc: BaseException) -> str:
     f = _learner_frame(exc)
     if f is None or not f.line:
         return ""
-    return f" (at line {f.lineno}: {f.line})"
+    return tr(" (at line {lineno}: {line})").format(lineno=f.lineno, line=f.line)
 
 
 def is_stub_error(exc: BaseException) -> bool:
@@ -127,10 +129,9 @@ def describe_error(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     first = lines[0] if lines else ""
     if isinstance(exc, FutureWarning):
-        return (
-            f"a deprecated API: FutureWarning: {first}{_where(exc)}. Use the modern API the "
-            "chapter shows"
-        )
+        return tr(
+            "a deprecated API: FutureWarning: {first}{where}. Use the modern API the chapter shows"
+        ).format(first=first, where=_where(exc))
     return f"{type(exc).__name__}: {first}{_where(exc)}"
 
 
@@ -142,12 +143,18 @@ def probe(name: str) -> Iterator[None]:
     except CheckFailed as exc:
         text = str(exc)
         raise CheckFailed(
-            text if text.startswith("[probe") else f"[probe: {name}] {text}"
+            text
+            if text.startswith("[")
+            else tr("[probe: {name}] {text}").format(name=name, text=text)
         ) from None
     except Exception as exc:  # the learner's code raised: say where and in which probe
         if is_stub_error(exc):
             raise
-        raise CheckFailed(f"[probe: {name}] your code raised {describe_error(exc)}.") from None
+        raise CheckFailed(
+            tr("[probe: {name}] your code raised {error}.").format(
+                name=name, error=describe_error(exc)
+            )
+        ) from None
 
 
 def run_check(title: str, probes: Callable[[], None]) -> CheckResult:
@@ -158,21 +165,21 @@ def run_check(title: str, probes: Callable[[], None]) -> CheckResult:
             probes()
     except CheckFailed as exc:
         result = CheckResult(title, FAIL, str(exc))
-        print(f"❌ {title}: {exc}")
+        print(tr("❌ {title}: {why}").format(title=title, why=exc))
         return result
     except Exception as exc:
         if is_stub_error(exc):
             result = CheckResult(
-                title, TODO, "not done yet: replace `raise NotImplementedError` with your code"
+                title, TODO, tr("not done yet: replace `raise NotImplementedError` with your code")
             )
-            print(f"⏳ {title}: {result.message}.")
+            print(tr("⏳ {title}: {why}.").format(title=title, why=result.message))
             return result
-        msg = f"your code raised {describe_error(exc)}"
+        msg = tr("your code raised {error}").format(error=describe_error(exc))
         result = CheckResult(title, FAIL, msg)
-        print(f"❌ {title}: {msg}")
+        print(tr("❌ {title}: {why}").format(title=title, why=msg))
         return result
-    result = CheckResult(title, PASS, "correct")
-    print(f"✅ {title}: correct.")
+    result = CheckResult(title, PASS, tr("correct"))
+    print(tr("✅ {title}: {why}.").format(title=title, why=result.message))
     return result
 
 
@@ -199,12 +206,12 @@ def forwards_at_once(events: list[str]) -> int:
 
 def one_backward_per_forward_hint(together: int) -> str:
     """The hint for accumulation that ran several forwards before one backward (chapter 5)."""
-    return (
-        f"you ran {together} forwards before a backward (expected forward, backward, forward, "
+    return tr(
+        "you ran {together} forwards before a backward (expected forward, backward, forward, "
         "backward, ...): every micro-batch's activations were alive at once, which is what "
         "accumulation avoids. Call backward() on each micro-batch's loss before the next "
         "forward, not once on the summed loss."
-    )
+    ).format(together=together)
 
 
 def torchrun_environment(rank: int, world_size: int, master_port: int = 29500) -> dict[str, str]:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from helpers.checks import CheckFailed, CheckResult, expect, is_stub_error, probe, run_check
 from helpers.devices import DEVICE_ENV, pick_device
+from helpers.i18n import tr, tr_mark
 from helpers.timing import BenchResult
 
 
@@ -70,7 +71,9 @@ def _call_picker(fn: Callable[..., object], env: str | None, *args: object) -> o
         now = os.environ.get(DEVICE_ENV)
     expect(
         now == env,
-        f"your function changed {DEVICE_ENV} from {env!r} to {now!r}: read it, never write it.",
+        tr("your function changed {var} from {env!r} to {now!r}: read it, never write it.").format(
+            var=DEVICE_ENV, env=env, now=now
+        ),
     )
     return got
 
@@ -95,46 +98,59 @@ def _same(got: object, want: str) -> bool:
 
 def _probe_forced_and_worlds(fn: Callable[..., object]) -> None:
     """Exercise 1's probes of forced devices, and of CPU-only, CUDA and MPS machines (chapter 1)."""
-    with probe(f"{DEVICE_ENV}=cuda:1 on a CPU-only machine"), _world(None):
+    with probe(tr("{var}=cuda:1 on a CPU-only machine").format(var=DEVICE_ENV)), _world(None):
         got = _call_picker(fn, "cuda:1")
         expect(
             _same(got, "cuda:1"),
-            f"expected device(type='cuda', index=1), got {got!r}: a forced device is used "
-            "as it is written, index included.",
+            tr(
+                "expected device(type='cuda', index=1), got {got!r}: a forced device is used "
+                "as it is written, index included."
+            ).format(got=got),
         )
-    with probe(f"{DEVICE_ENV}=cpu on a CUDA machine"), _world("cuda"):
+    with probe(tr("{var}=cpu on a CUDA machine").format(var=DEVICE_ENV)), _world("cuda"):
         got = _call_picker(fn, "cpu")
         expect(
             _same(got, "cpu"),
-            f"expected device(type='cpu'), got {got!r}: {DEVICE_ENV} comes before the accelerator.",
+            tr(
+                "expected device(type='cpu'), got {got!r}: {var} comes before the accelerator."
+            ).format(got=got, var=DEVICE_ENV),
         )
-    with probe(f"prefer='meta' with {DEVICE_ENV}=cpu"), _world("cuda"):
+    with probe(tr("prefer='meta' with {var}=cpu").format(var=DEVICE_ENV)), _world("cuda"):
         got = _call_picker(fn, "cpu", "meta")
         expect(
             _same(got, "meta"),
-            f"expected device(type='meta'), got {got!r}: an explicit prefer='meta' must win "
-            f"over {DEVICE_ENV}.",
+            tr(
+                "expected device(type='meta'), got {got!r}: an explicit prefer='meta' must win "
+                "over {var}."
+            ).format(got=got, var=DEVICE_ENV),
         )
     for env in ("",):
-        with probe(f"{DEVICE_ENV}={env!r} (empty means 'not set') on a CUDA machine"):
+        with probe(
+            tr("{var}={env!r} (empty means 'not set') on a CUDA machine").format(
+                var=DEVICE_ENV, env=env
+            )
+        ):
             with _world("cuda"):
                 got = _call_picker(fn, env)
             expect(
                 _same(got, "cuda"),
-                f"expected device(type='cuda'), got {got!r}: treat an empty {DEVICE_ENV} "
-                "as not set.",
+                tr(
+                    "expected device(type='cuda'), got {got!r}: treat an empty {var} as not set."
+                ).format(got=got, var=DEVICE_ENV),
             )
     for kind, want in (("cuda", "cuda"), ("mps", "mps"), (None, "cpu")):
-        machine = {"cuda": "a CUDA machine", "mps": "an MPS machine"}.get(
-            kind or "", "a CPU-only machine"
+        machine = {"cuda": tr_mark("a CUDA machine"), "mps": tr_mark("an MPS machine")}.get(
+            kind or "", tr_mark("a CPU-only machine")
         )
-        with probe(f"nothing forced, on {machine}"), _world(kind):
+        with probe(tr("nothing forced, on {machine}").format(machine=tr(machine))), _world(kind):
             got = _call_picker(fn, None)
             expect(
                 _same(got, want),
-                f"expected device(type='{want}'), got {got!r}. Ask torch.accelerator (or "
-                "torch.cuda.is_available(), then torch.backends.mps.is_available()) every "
-                "time; fall back to the CPU only when there is no accelerator.",
+                tr(
+                    "expected device(type='{want}'), got {got!r}. Ask torch.accelerator (or "
+                    "torch.cuda.is_available(), then torch.backends.mps.is_available()) every "
+                    "time; fall back to the CPU only when there is no accelerator."
+                ).format(want=want, got=got),
             )
 
 
@@ -142,22 +158,28 @@ def check_pick_device(fn: Callable[..., torch.device]) -> CheckResult:
     """Exercise 1: prefer argument, then $COURSE_DEVICE, then the accelerator, then CPU (chapter 1)."""
 
     def probes() -> None:
-        with probe("prefer='meta' on a CUDA machine"), _world("cuda"):
+        with probe(tr("prefer='meta' on a CUDA machine")), _world("cuda"):
             got = _call_picker(fn, None, "meta")
             expect(
                 isinstance(got, torch.device),
-                f"return a torch.device, not {type(got).__name__} {got!r}: wrap it in "
-                "torch.device(...).",
+                tr(
+                    "return a torch.device, not {kind} {got!r}: wrap it in torch.device(...)."
+                ).format(kind=type(got).__name__, got=got),
             )
             if not _same(got, "meta"):
                 expect(
                     not _honours(fn, "prefer"),
-                    f"expected device(type='meta'), got {got!r}. You do use `prefer` (cpu and "
-                    "cuda:1 came through), but not every value: accept any device string, do "
-                    "not keep a list of allowed ones (pick_device checks that it exists).",
+                    tr(
+                        "expected device(type='meta'), got {got!r}. You do use `prefer` (cpu and "
+                        "cuda:1 came through), but not every value: accept any device string, do "
+                        "not keep a list of allowed ones (pick_device checks that it exists)."
+                    ).format(got=got),
                 )
-                expect(False, f"expected device(type='meta'), got {got!r}: use `prefer`.")
-        with probe(f"{DEVICE_ENV}=meta on a CUDA machine"), _world("cuda"):
+                expect(
+                    False,
+                    tr("expected device(type='meta'), got {got!r}: use `prefer`.").format(got=got),
+                )
+        with probe(tr("{var}=meta on a CUDA machine").format(var=DEVICE_ENV)), _world("cuda"):
             got = _call_picker(fn, "meta")
             if not _same(got, "meta"):
                 with _world(None):
@@ -166,25 +188,30 @@ def check_pick_device(fn: Callable[..., torch.device]) -> CheckResult:
                     on_cuda_machine = _same(_call_picker(fn, "cpu"), "cpu")
                 expect(
                     not (on_cpu_machine and on_cuda_machine),
-                    f"expected device(type='meta'), got {got!r}. You do read {DEVICE_ENV} "
-                    "(cpu and cuda:1 came through), but not every value: accept any device "
-                    "string, do not keep a list of allowed ones (pick_device checks that the "
-                    "device exists).",
+                    tr(
+                        "expected device(type='meta'), got {got!r}. You do read {var} "
+                        "(cpu and cuda:1 came through), but not every value: accept any device "
+                        "string, do not keep a list of allowed ones (pick_device checks that the "
+                        "device exists)."
+                    ).format(got=got, var=DEVICE_ENV),
                 )
                 expect(
                     not on_cpu_machine,
-                    f"expected device(type='meta'), got {got!r}: you read {DEVICE_ENV} only "
-                    f"when there is no accelerator, but {DEVICE_ENV} comes before the "
-                    "accelerator.",
+                    tr(
+                        "expected device(type='meta'), got {got!r}: you read {var} only "
+                        "when there is no accelerator, but {var} comes before the accelerator."
+                    ).format(got=got, var=DEVICE_ENV),
                 )
                 expect(
                     False,
-                    f"expected device(type='meta'), got {got!r}: read "
-                    f"os.environ.get('{DEVICE_ENV}') first and use it when it is set.",
+                    tr(
+                        "expected device(type='meta'), got {got!r}: read "
+                        "os.environ.get('{var}') first and use it when it is set."
+                    ).format(got=got, var=DEVICE_ENV),
                 )
         _probe_forced_and_worlds(fn)
 
-    return run_check("Exercise 1, a device picker with an override", probes)
+    return run_check(tr("Exercise 1, a device picker with an override"), probes)
 
 
 def _other_devices() -> list[str]:
@@ -193,60 +220,82 @@ def _other_devices() -> list[str]:
     return ["meta"] + ([str(device)] if device.type not in ("cpu", "meta") else [])
 
 
+def _expect_own_memory(got: torch.Tensor, t: torch.Tensor, values: torch.Tensor) -> None:
+    """A fresh copy has its own memory, t's values, and left t's values alone (chapter 1)."""
+    expect(
+        got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(),
+        tr(
+            "the result shares memory with the input (a view, e.g. from .view or "
+            ".detach), so writing to one changes the other. Make a real copy."
+        ),
+    )
+    expect(
+        torch.equal(got.detach().cpu(), values.cpu()),
+        tr("expected the same values as t, got different ones."),
+    )
+    expect(torch.equal(t.detach().cpu(), values.cpu()), tr("your function changed t's values."))
+
+
 def check_fresh_copy(fn: Callable[[torch.Tensor, str | torch.device], torch.Tensor]) -> CheckResult:
     """Exercise 2: always a new tensor with its own memory on the target device, input untouched (chapter 1)."""
 
     def one(t: torch.Tensor, target: str, what: str) -> None:
         values = t.detach().clone() if t.device.type != "meta" else None
         grad, device, dtype, shape = t.requires_grad, t.device, t.dtype, t.shape
-        with probe(f"fresh_copy({what} on {t.device}, {target!r})"):
+        with probe(
+            tr("fresh_copy({what} on {device}, {target!r})").format(
+                what=what, device=t.device, target=target
+            )
+        ):
             got = fn(t, target)
-            expect(isinstance(got, torch.Tensor), f"return a tensor, not {type(got).__name__}.")
+            expect(
+                isinstance(got, torch.Tensor),
+                tr("return a tensor, not {kind}.").format(kind=type(got).__name__),
+            )
             expect(
                 got is not t,
-                "expected a new tensor, but it returned t itself: .to() gives back the same tensor when "
-                "it is already there. Ask .to() for a copy.",
+                tr(
+                    "expected a new tensor, but it returned t itself: .to() gives back the same tensor when "
+                    "it is already there. Ask .to() for a copy."
+                ),
             )
             expect(
                 got.device.type == torch.device(target).type,
-                f"expected a tensor on {target}, got one on {got.device}: use the `device` "
-                "argument (t.clone() copies but never moves).",
+                tr(
+                    "expected a tensor on {target}, got one on {device}: use the `device` "
+                    "argument (t.clone() copies but never moves)."
+                ).format(target=target, device=got.device),
             )
             expect(
                 got.dtype == dtype,
-                f"expected dtype {dtype}, got {got.dtype}: keep the dtype (and the values).",
+                tr("expected dtype {want}, got {got}: keep the dtype (and the values).").format(
+                    want=dtype, got=got.dtype
+                ),
             )
             expect(
                 tuple(got.shape) == tuple(shape),
-                f"expected shape {tuple(shape)}, got {tuple(got.shape)}.",
+                tr("expected shape {want}, got {got}.").format(
+                    want=tuple(shape), got=tuple(got.shape)
+                ),
             )
             expect(
                 t.requires_grad == grad and t.device == device and t.dtype == dtype,
-                "your function changed its input t (requires_grad, device or dtype): the "
-                "caller's tensor must stay as it was.",
+                tr(
+                    "your function changed its input t (requires_grad, device or dtype): the "
+                    "caller's tensor must stay as it was."
+                ),
             )
             if got.device.type != "meta" and t.device.type != "meta":
-                expect(
-                    got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(),
-                    "the result shares memory with the input (a view, e.g. from .view or "
-                    ".detach), so writing to one changes the other. Make a real copy.",
-                )
-                expect(
-                    torch.equal(got.detach().cpu(), values.cpu()),
-                    "expected the same values as t, got different ones.",
-                )
-                expect(
-                    torch.equal(t.detach().cpu(), values.cpu()), "your function changed t's values."
-                )
+                _expect_own_memory(got, t, values)
 
     def probes() -> None:
         cases = [
-            ("an fp32 tensor", torch.arange(6.0).reshape(2, 3)),
-            ("an fp16 tensor", torch.tensor([0.1, 1e-6, 65504.0], dtype=torch.float16)),
-            ("an int64 tensor", torch.arange(2**40, 2**40 + 4)),
-            ("a bool tensor", torch.tensor([True, False, True])),
-            ("a transposed (non-contiguous) tensor", torch.arange(6.0).reshape(2, 3).t()),
-            ("a tensor that requires grad", torch.linspace(-1, 1, 4, requires_grad=True)),
+            (tr("an fp32 tensor"), torch.arange(6.0).reshape(2, 3)),
+            (tr("an fp16 tensor"), torch.tensor([0.1, 1e-6, 65504.0], dtype=torch.float16)),
+            (tr("an int64 tensor"), torch.arange(2**40, 2**40 + 4)),
+            (tr("a bool tensor"), torch.tensor([True, False, True])),
+            (tr("a transposed (non-contiguous) tensor"), torch.arange(6.0).reshape(2, 3).t()),
+            (tr("a tensor that requires grad"), torch.linspace(-1, 1, 4, requires_grad=True)),
         ]
         for what, t in cases:
             one(t, "cpu", what)
@@ -255,7 +304,7 @@ def check_fresh_copy(fn: Callable[[torch.Tensor, str | torch.device], torch.Tens
                 one(t, target, what)
                 one(fresh_from(t, target), target, what)
 
-    return run_check("Exercise 2, a copy that is always fresh", probes)
+    return run_check(tr("Exercise 2, a copy that is always fresh"), probes)
 
 
 def fresh_from(t: torch.Tensor, target: str) -> torch.Tensor:
@@ -284,11 +333,11 @@ _MISMATCH = ("same device", "expected device", "Expected all tensors", "is on", 
 
 def _mismatch_hint(device: str, msg: str) -> str:
     """The hint for a device-mismatch error raised inside torch (chapter 1)."""
-    return (
-        f"with the model on {device} this failed with a device mismatch "
-        f"({msg.strip().splitlines()[0][:160]}): move inputs AND labels to the model's device, "
+    return tr(
+        "with the model on {device} this failed with a device mismatch "
+        "({error}): move inputs AND labels to the model's device, "
         "next(model.parameters()).device, not to a fixed device."
-    )
+    ).format(device=device, error=msg.strip().splitlines()[0][:160])
 
 
 def _evaluate_on(fn: Callable[..., tuple[float, np.ndarray]], device: str) -> None:
@@ -304,36 +353,48 @@ def _evaluate_on(fn: Callable[..., tuple[float, np.ndarray]], device: str) -> No
         raise
     expect(
         isinstance(out, tuple) and len(out) == 2,
-        f"expected a pair (loss as a Python float, probabilities as a NumPy array), got {out!r:.80}.",
+        tr(
+            "expected a pair (loss as a Python float, probabilities as a NumPy array), got {out!r:.80}."
+        ).format(out=out),
     )
     loss, probs = out
     expect(
         isinstance(loss, float),
-        f"expected the loss as a Python float, got {type(loss).__name__}: use .item().",
+        tr("expected the loss as a Python float, got {kind}: use .item().").format(
+            kind=type(loss).__name__
+        ),
     )
     expect(
         isinstance(probs, np.ndarray),
-        f"expected the probabilities as a NumPy array, got {type(probs).__name__}.",
+        tr("expected the probabilities as a NumPy array, got {kind}.").format(
+            kind=type(probs).__name__
+        ),
     )
     expect(
         all(p.device.type == torch.device(device).type for p in model.parameters()),
-        f"your function moved the caller's model off {device}: move the data to the model, "
-        "never the model.",
+        tr(
+            "your function moved the caller's model off {device}: move the data to the model, "
+            "never the model."
+        ).format(device=device),
     )
     expect(
         all(p.requires_grad for p in model.parameters())
         and all(
             torch.equal(p.detach().cpu(), w.cpu()) for p, w in zip(model.parameters(), weights)
         ),
-        "your function changed the caller's model (its weights or requires_grad): evaluate "
-        "only reads it.",
+        tr(
+            "your function changed the caller's model (its weights or requires_grad): evaluate "
+            "only reads it."
+        ),
     )
     expect(
         inputs.device.type == "cpu"
         and torch.equal(inputs, inputs_before)
         and torch.equal(labels, labels_before),
-        "your function changed the caller's inputs or labels: .to(device) returns a copy, "
-        "assign it to a new name.",
+        tr(
+            "your function changed the caller's inputs or labels: .to(device) returns a copy, "
+            "assign it to a new name."
+        ),
     )
     ref_model, _, _ = _tiny_classifier("cpu")
     with torch.no_grad():
@@ -342,12 +403,16 @@ def _evaluate_on(fn: Callable[..., tuple[float, np.ndarray]], device: str) -> No
         ref_probs = logits.softmax(dim=1).numpy()
     expect(
         math.isclose(loss, ref_loss, rel_tol=1e-4),
-        f"the loss is {loss:.4f}, expected the mean cross-entropy {ref_loss:.4f}.",
+        tr("the loss is {loss:.4f}, expected the mean cross-entropy {ref_loss:.4f}.").format(
+            loss=loss, ref_loss=ref_loss
+        ),
     )
     expect(
         probs.shape == ref_probs.shape and np.allclose(probs, ref_probs, atol=1e-5),
-        f"the probabilities (shape {probs.shape}) differ from softmax(model(inputs), dim=1) "
-        f"(shape {ref_probs.shape}).",
+        tr(
+            "the probabilities (shape {shape}) differ from softmax(model(inputs), dim=1) "
+            "(shape {ref_shape})."
+        ).format(shape=probs.shape, ref_shape=ref_probs.shape),
     )
 
 
@@ -373,27 +438,33 @@ def _evaluate_on_meta(fn: Callable[..., tuple[float, np.ndarray]]) -> None:
             raise
         expect(
             seen and all(d == "meta" for d in seen),
-            "expected the model to run on its own device (meta), but "
-            + (
-                f"its input was on {seen[0]}: move inputs AND labels to the model's device, "
+            tr(
+                "expected the model to run on its own device (meta), but its input was on "
+                "{device}: move inputs AND labels to the model's device, "
                 "next(model.parameters()).device, not to a fixed device."
-                if seen
-                else f"it never ran: your code failed first ({type(exc).__name__}: "
-                f"{msg.splitlines()[0][:100]}). Do not move the model (it is the caller's); "
+            ).format(device=seen[0])
+            if seen
+            else tr(
+                "expected the model to run on its own device (meta), but it never ran: your "
+                "code failed first ({error}). Do not move the model (it is the caller's); "
                 "move the data to it."
-            ),
+            ).format(error=f"{type(exc).__name__}: {msg.splitlines()[0][:100]}"),
         )
         expect(
             all(p.device.type == "meta" for p in model.parameters()),
-            "your function moved the caller's model: move the data to the model, never the model.",
+            tr(
+                "your function moved the caller's model: move the data to the model, never the model."
+            ),
         )
         return
     finally:
         hook.remove()
     expect(
         False,
-        "with the model on the meta device (shapes, no data) this returned a result, so "
-        "the loss or probabilities never left the model's device.",
+        tr(
+            "with the model on the meta device (shapes, no data) this returned a result, so "
+            "the loss or probabilities never left the model's device."
+        ),
     )
 
 
@@ -401,15 +472,15 @@ def check_evaluate(fn: Callable[..., tuple[float, np.ndarray]]) -> CheckResult:
     """Exercise 3: the fixed evaluate() runs with the model on any device and returns plain values (chapter 1)."""
 
     def probes() -> None:
-        with probe("model on cpu"):
+        with probe(tr("model on {device}").format(device="cpu")):
             _evaluate_on(fn, "cpu")
-        with probe("model on meta (shapes, no data)"):
+        with probe(tr("model on meta (shapes, no data)")):
             _evaluate_on_meta(fn)
         for device in _other_devices()[1:]:
-            with probe(f"model on {device}"):
+            with probe(tr("model on {device}").format(device=device)):
                 _evaluate_on(fn, device)
 
-    return run_check("Exercise 3, fix the device bugs in evaluate()", probes)
+    return run_check(tr("Exercise 3, fix the device bugs in evaluate()"), probes)
 
 
 def _bench(times: list[float]) -> BenchResult:
@@ -441,46 +512,63 @@ def check_achieved_gflops(fn: Callable[[int, int, int, BenchResult], float]) -> 
     def probes() -> None:
         for m, k, n, times in _GFLOPS_CASES:
             result = _bench(times)
-            with probe(f"m, k, n = {m}, {k}, {n}, times {times}"):
+            with probe(
+                tr("m, k, n = {m}, {k}, {n}, times {times}").format(m=m, k=k, n=n, times=times)
+            ):
                 got = fn(m, k, n, result)
                 expect(
                     isinstance(got, (int, float))
                     and not isinstance(got, bool)
                     and math.isfinite(got),
-                    f"return a number, got {got!r}.",
+                    tr("return a number, got {got!r}.").format(got=got),
                 )
                 want = 2 * m * k * n / result.median / 1e9
                 flops = 2 * m * k * n
                 wrong = {
-                    "half the right answer: each multiply-add is 2 FLOPs (2*m*k*n).": want / 2,
-                    "a billion times too big: GFLOP/s is FLOP/s divided by 1e9.": want * 1e9,
-                    "you multiplied by 1e9: divide FLOP/s by 1e9 to get GFLOP/s.": want * 1e18,
-                    "a billion times too small: divide FLOP/s by 1e9 only once.": want * 1e-9,
-                    "you used the mean time: one slow outlier drags it. Use result.median.": (
-                        flops / (sum(times) / len(times)) / 1e9
+                    tr_mark("half the right answer: each multiply-add is 2 FLOPs (2*m*k*n)."): (
+                        want / 2
                     ),
-                    "you used the first time, which is a cold run. Use result.median.": (
+                    tr_mark("a billion times too big: GFLOP/s is FLOP/s divided by 1e9."): want
+                    * 1e9,
+                    tr_mark("you multiplied by 1e9: divide FLOP/s by 1e9 to get GFLOP/s."): (
+                        want * 1e18
+                    ),
+                    tr_mark("a billion times too small: divide FLOP/s by 1e9 only once."): (
+                        want * 1e-9
+                    ),
+                    tr_mark(
+                        "you used the mean time: one slow outlier drags it. Use result.median."
+                    ): flops / (sum(times) / len(times)) / 1e9,
+                    tr_mark("you used the first time, which is a cold run. Use result.median."): (
                         flops / times[0] / 1e9
                     ),
-                    "you used the fastest time (min): it is the luckiest run, not a typical "
-                    "one. Use result.median.": flops / min(times) / 1e9,
-                    "you used the slowest time (max). Use result.median.": flops / max(times) / 1e9,
-                    "you used the last time. Use result.median.": flops / times[-1] / 1e9,
+                    tr_mark(
+                        "you used the fastest time (min): it is the luckiest run, not a typical "
+                        "one. Use result.median."
+                    ): flops / min(times) / 1e9,
+                    tr_mark("you used the slowest time (max). Use result.median."): (
+                        flops / max(times) / 1e9
+                    ),
+                    tr_mark("you used the last time. Use result.median."): flops / times[-1] / 1e9,
                 }
                 for hint, value in wrong.items():
                     if not math.isclose(value, want, rel_tol=1e-6):
                         expect(
                             not math.isclose(got, value, rel_tol=1e-6),
-                            f"expected {want:.6g} GFLOP/s, got {got:.6g}: {hint}",
+                            tr("expected {want:.6g} GFLOP/s, got {got:.6g}: {mistake}").format(
+                                want=want, got=got, mistake=tr(hint)
+                            ),
                         )
                 expect(
                     math.isclose(got, want, rel_tol=1e-6),
-                    f"for a ({m} x {k}) @ ({k} x {n}) matmul taking a median {result.median:.3g} s, "
-                    f"expected {want:.6g} GFLOP/s, got {got!r}. The matmul does m*n dot products "
-                    "of length k.",
+                    tr(
+                        "for a ({m} x {k}) @ ({k} x {n}) matmul taking a median {median:.3g} s, "
+                        "expected {want:.6g} GFLOP/s, got {got!r}. The matmul does m*n dot products "
+                        "of length k."
+                    ).format(m=m, k=k, n=n, median=result.median, want=want, got=got),
                 )
 
-    return run_check("Exercise 4, achieved GFLOP/s from a benchmark", probes)
+    return run_check(tr("Exercise 4, achieved GFLOP/s from a benchmark"), probes)
 
 
 def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
@@ -488,26 +576,34 @@ def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
 
     def probes() -> None:
         cases = [
-            ("a tensor that requires grad", torch.linspace(-1, 1, 5, requires_grad=True)),
-            ("a bf16 tensor", torch.tensor([0.5, -2.0, 3.25], dtype=torch.bfloat16)),
-            ("an fp16 tensor", torch.tensor([0.5, -2.0, 1e-6], dtype=torch.float16)),
-            ("an fp64 tensor", torch.tensor([1 / 3, 2.0**60 + 1], dtype=torch.float64)),
-            ("an int64 tensor", torch.arange(2**53, 2**53 + 4)),
-            ("an int32 tensor", torch.arange(4, dtype=torch.int32)),
-            ("a uint8 tensor", torch.tensor([0, 255], dtype=torch.uint8)),
-            ("a bool tensor", torch.tensor([True, False])),
-            ("a 0-d tensor", torch.tensor(7.5)),
+            (tr("a tensor that requires grad"), torch.linspace(-1, 1, 5, requires_grad=True)),
+            (tr("a bf16 tensor"), torch.tensor([0.5, -2.0, 3.25], dtype=torch.bfloat16)),
+            (tr("an fp16 tensor"), torch.tensor([0.5, -2.0, 1e-6], dtype=torch.float16)),
+            (tr("an fp64 tensor"), torch.tensor([1 / 3, 2.0**60 + 1], dtype=torch.float64)),
+            (tr("an int64 tensor"), torch.arange(2**53, 2**53 + 4)),
+            (tr("an int32 tensor"), torch.arange(4, dtype=torch.int32)),
+            (tr("a uint8 tensor"), torch.tensor([0, 255], dtype=torch.uint8)),
+            (tr("a bool tensor"), torch.tensor([True, False])),
+            (tr("a 0-d tensor"), torch.tensor(7.5)),
             (
-                "a bf16 tensor that requires grad",
+                tr("a bf16 tensor that requires grad"),
                 torch.ones(2, dtype=torch.bfloat16, requires_grad=True),
             ),
-            ("a transposed (non-contiguous) tensor", torch.arange(6).reshape(2, 3).t()),
+            (tr("a transposed (non-contiguous) tensor"), torch.arange(6).reshape(2, 3).t()),
         ]
         device = pick_device()
         if device.type not in ("cpu", "meta"):
-            cases.append((f"a tensor on {device}", torch.arange(3.0, device=device)))
             cases.append(
-                (f"a grad tensor on {device}", torch.ones(2, device=device, requires_grad=True))
+                (
+                    tr("a tensor on {device}").format(device=device),
+                    torch.arange(3.0, device=device),
+                )
+            )
+            cases.append(
+                (
+                    tr("a grad tensor on {device}").format(device=device),
+                    torch.ones(2, device=device, requires_grad=True),
+                )
             )
         for what, t in cases:
             before = (t.requires_grad, t.device, t.dtype, t.detach().clone())
@@ -515,31 +611,39 @@ def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
                 got = fn(t)
                 expect(
                     isinstance(got, np.ndarray),
-                    f"return a NumPy array, got {type(got).__name__}.",
+                    tr("return a NumPy array, got {kind}.").format(kind=type(got).__name__),
                 )
                 expect(
                     got.shape == tuple(t.shape),
-                    f"the shape changed: expected {tuple(t.shape)}, got {got.shape}.",
+                    tr("the shape changed: expected {want}, got {got}.").format(
+                        want=tuple(t.shape), got=got.shape
+                    ),
                 )
                 want = t.detach().cpu()
                 if t.dtype == torch.bfloat16:
                     want = want.float()
                     expect(
                         got.dtype == np.float32,
-                        f"NumPy has no bfloat16; expected float32, got {got.dtype}.",
+                        tr("NumPy has no bfloat16; expected float32, got {dtype}.").format(
+                            dtype=got.dtype
+                        ),
                     )
                 else:
                     expect(
                         got.dtype == want.numpy().dtype,
-                        f"keep the dtype: expected {want.numpy().dtype}, got {got.dtype}. "
-                        "Convert only what NumPy cannot hold (bf16).",
+                        tr(
+                            "keep the dtype: expected {want}, got {got}. "
+                            "Convert only what NumPy cannot hold (bf16)."
+                        ).format(want=want.numpy().dtype, got=got.dtype),
                     )
-                expect(np.array_equal(got, want.numpy()), "the values changed.")
+                expect(np.array_equal(got, want.numpy()), tr("the values changed."))
                 expect(
                     (t.requires_grad, t.device, t.dtype) == before[:3]
                     and torch.equal(t.detach(), before[3]),
-                    "your function changed the caller's tensor (its requires_grad, device, "
-                    "dtype or values): work on t.detach(), never on t itself.",
+                    tr(
+                        "your function changed the caller's tensor (its requires_grad, device, "
+                        "dtype or values): work on t.detach(), never on t itself."
+                    ),
                 )
 
-    return run_check("Exercise 5, to_numpy for any tensor", probes)
+    return run_check(tr("Exercise 5, to_numpy for any tensor"), probes)

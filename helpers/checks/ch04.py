@@ -40,6 +40,7 @@ from helpers.checks import (
     torchrun_environment,
 )
 from helpers.data import make_classification_data
+from helpers.i18n import tr
 from helpers.launch import TINY_JOB_RANKS, launch, new_run_dir, read_results
 from helpers.scripts import exercise_check as task
 from helpers.scripts.common import Context, teardown
@@ -82,9 +83,13 @@ def is_stub(fn: Callable) -> bool:
 def payload(fn: Callable) -> dict[str, Any]:
     """What the ranks need to rebuild `fn`: its code and the globals it names (chapter 4)."""
     if not isinstance(fn, types.FunctionType):
-        raise CheckFailed(f"pass your function itself, not {type(fn).__name__}.")
+        raise CheckFailed(
+            tr("pass your function itself, not {type}.").format(type=type(fn).__name__)
+        )
     if fn.__closure__:
-        raise CheckFailed("define the function at the top level of the cell, not inside another.")
+        raise CheckFailed(
+            tr("define the function at the top level of the cell, not inside another.")
+        )
     modules, objects, values = {}, {}, {}
     for name in sorted(_names(fn.__code__)):
         if name not in fn.__globals__:
@@ -98,9 +103,11 @@ def payload(fn: Callable) -> dict[str, Any]:
             objects[name] = where
         else:
             raise CheckFailed(
-                f"your function uses {name!r} from the notebook, and the ranks cannot see the "
-                f"notebook. Import or define what it needs inside the exercise cell (imports "
-                f"are fine), or inside the function."
+                tr(
+                    "your function uses {name!r} from the notebook, and the ranks cannot see the "
+                    "notebook. Import or define what it needs inside the exercise cell (imports "
+                    "are fine), or inside the function."
+                ).format(name=name)
             )
     return {
         "code": marshal.dumps(fn.__code__),
@@ -126,7 +133,9 @@ def _no_peer(name: str) -> Callable[..., Any]:
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
-            f"dist.{name} at world size 1: there is no other rank to send to or receive from"
+            tr(
+                "dist.{name} at world size 1: there is no other rank to send to or receive from"
+            ).format(name=name)
         )
 
     return refuse
@@ -172,16 +181,20 @@ def run_in_process(fn: Callable, name: str, steps: int = task.ACCUM_STEPS) -> di
         return {}  # no torch.distributed, or the notebook has its own group: launched ranks only
     out = Path(tempfile.mkdtemp(prefix=f"course_ch04_exercise_{name}_"))
     try:
-        with _one_rank_world(out), probe("1 rank, in this process"):
+        with _one_rank_world(out), probe(tr("1 rank, in this process")):
             return task.run_task(
                 name, Context(0, 1, 0, "gloo", torch.device("cpu")), fn, out, steps
             )
     except CheckFailed as exc:
-        if not any(w in str(exc).lower() for w in ("timeout", "world size 1")):
+        # torch's timeout, or _no_peer's refusal (whose translation says "world size 1" too)
+        words = ("timeout", "world size 1", tr("world size 1").lower())
+        if not any(w in str(exc).lower() for w in words):
             raise
         raise CheckFailed(
-            f"{exc} With one rank there is no other rank to wait for: use collectives such as "
-            "dist.all_reduce, which work for any number of ranks, not sends to a fixed rank."
+            tr(
+                "{error} With one rank there is no other rank to wait for: use collectives such "
+                "as dist.all_reduce, which work for any number of ranks, not sends to a fixed rank."
+            ).format(error=exc)
         ) from None
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -212,7 +225,11 @@ def run_on_ranks(
         )
         if not res.ok:
             tail = "\n".join(res.lines[-15:])
-            raise CheckFailed(f"the {world}-rank run failed. {res.message}\nLast lines:\n{tail}")
+            raise CheckFailed(
+                tr("the {world}-rank run failed. {message}\nLast lines:\n{tail}").format(
+                    world=world, message=res.message, tail=tail
+                )
+            )
         results = read_results(out, world)
     finally:
         shutil.rmtree(out, ignore_errors=True)  # payload, checkpoint, rank files: read already
@@ -220,7 +237,11 @@ def run_on_ranks(
         raise NotDoneYet
     errors = [r["error"] for r in results if r["status"] == "error"]
     if errors:
-        raise CheckFailed(f"[probe: {world} ranks] your function raised on the ranks: {errors[0]}")
+        raise CheckFailed(
+            tr("[probe: {world} ranks] your function raised on the ranks: {error}").format(
+                world=world, error=errors[0]
+            )
+        )
     return results
 
 
@@ -244,33 +265,44 @@ def reference_average_gradients(world: int) -> list[torch.Tensor]:
 
 def _where(world: int, rank: int) -> str:
     """'[probe: 3 ranks, rank 1] ' or '[probe: 1 rank] ' (chapter 4)."""
-    return f"[probe: {world} ranks, rank {rank}] " if world > 1 else "[probe: 1 rank] "
+    if world > 1:
+        return tr("[probe: {world} ranks, rank {rank}] ").format(world=world, rank=rank)
+    return tr("[probe: 1 rank] ")
 
 
 def _expect_averaged(res: dict[str, Any], ref: list[torch.Tensor], world: int, rank: int) -> None:
     """One rank's gradients after average_gradients, against the whole batch's (chapter 4)."""
     after, before, at = res["after"], res["before"], _where(world, rank)
-    expect(not res["moved"], at + "the weights changed: average the gradients only, no step.")
+    expect(not res["moved"], at + tr("the weights changed: average the gradients only, no step."))
     if world > 1:
         expect(
             not _close(after, before),
-            at + "the gradients did not change: call dist.all_reduce on every p.grad.",
+            at + tr("the gradients did not change: call dist.all_reduce on every p.grad."),
         )
         expect(
             not _close(after, ref, world),
-            at + f"the gradients are {world}x too large: all_reduce sums, so divide by "
-            "dist.get_world_size() afterwards.",
+            at
+            + tr(
+                "the gradients are {world}x too large: all_reduce sums, so divide by "
+                "dist.get_world_size() afterwards."
+            ).format(world=world),
         )
     for k in sorted({2, 3, world * world} - {1}):
         expect(
             not _close(after, ref, 1 / k),
-            at + f"the gradients are {k}x too small: divide once, by dist.get_world_size() "
-            f"(here {world}), not by a fixed number or twice.",
+            at
+            + tr(
+                "the gradients are {k}x too small: divide once, by dist.get_world_size() "
+                "(here {world}), not by a fixed number or twice."
+            ).format(k=k, world=world),
         )
     expect(
         _close(after, ref),
-        at + "the gradients differ from one process's gradient on the whole batch. Sum them "
-        "with dist.all_reduce(p.grad) and divide by dist.get_world_size().",
+        at
+        + tr(
+            "the gradients differ from one process's gradient on the whole batch. Sum them "
+            "with dist.all_reduce(p.grad) and divide by dist.get_world_size()."
+        ),
     )
 
 
@@ -287,7 +319,7 @@ def check_average_gradients(average_gradients: Callable[[nn.Module], None]) -> C
         for r, res in enumerate(ranks):
             _expect_averaged(res, ref, world, r)
 
-    return run_check("Exercise 2, average the gradients", probes)
+    return run_check(tr("Exercise 2, average the gradients"), probes)
 
 
 def reference_accumulate(world: int, steps: int) -> list[torch.Tensor]:
@@ -300,7 +332,7 @@ def reference_accumulate(world: int, steps: int) -> list[torch.Tensor]:
 
 def _expect_accumulated(res: dict[str, Any], world: int, rank: int, steps: int) -> None:
     """One rank's accumulation: order, gradients and all-reduce count (chapter 4)."""
-    at = _where(world, rank) + f"{steps} micro-batches: "
+    at = _where(world, rank) + tr("{steps} micro-batches: ").format(steps=steps)
     g, calls, per_sync, together = (
         res["grads"],
         res["calls"],
@@ -308,36 +340,58 @@ def _expect_accumulated(res: dict[str, Any], world: int, rank: int, steps: int) 
         res["together"],
     )
     expect(together <= 1, at + one_backward_per_forward_hint(together))
-    expect(not res["moved"], at + "the weights changed: accumulate gradients only, no step.")
+    expect(not res["moved"], at + tr("the weights changed: accumulate gradients only, no step."))
     expect(
         calls > 0,
-        at + "DDP never all-reduced: the last micro-batch's backward must run outside "
-        "no_sync(), so that the accumulated gradients are averaged once.",
+        at
+        + tr(
+            "DDP never all-reduced: the last micro-batch's backward must run outside "
+            "no_sync(), so that the accumulated gradients are averaged once."
+        ),
     )
     ref = reference_accumulate(world, steps)
     expect(
         not _close(g, ref, steps),
-        at + f"the gradients are {steps}x too large: divide each micro-batch's loss by "
-        "len(micro_batches) before backward.",
+        at
+        + tr(
+            "the gradients are {steps}x too large: divide each micro-batch's loss by "
+            "len(micro_batches) before backward."
+        ).format(steps=steps),
     )
     for k in sorted({2, 3, 4, world, steps * world} - {1, steps}):
         ratio = steps / k
+        hint = (
+            tr(
+                "the gradients are {times:.3g}x too large: divide each loss by "
+                "len(micro_batches) (here {steps}), not by a fixed number or by the world size "
+                "(DDP already averages over ranks)."
+            )
+            if ratio > 1
+            else tr(
+                "the gradients are {times:.3g}x too small: divide each loss by "
+                "len(micro_batches) (here {steps}), not by a fixed number or by the world size "
+                "(DDP already averages over ranks)."
+            )
+        )
         expect(
             not _close(g, ref, ratio),
-            at + f"the gradients are {max(ratio, 1 / ratio):.3g}x too "
-            f"{'large' if ratio > 1 else 'small'}: divide each loss by len(micro_batches) (here "
-            f"{steps}), not by a fixed number or by the world size (DDP already averages over "
-            "ranks).",
+            at + hint.format(times=max(ratio, 1 / ratio), steps=steps),
         )
     expect(
         _close(g, ref),
-        at + "the gradients differ from the big batch's. Backward on every micro-batch with "
-        "loss / len(micro_batches), inside model.no_sync() for all but the last.",
+        at
+        + tr(
+            "the gradients differ from the big batch's. Backward on every micro-batch with "
+            "loss / len(micro_batches), inside model.no_sync() for all but the last."
+        ),
     )
     expect(
         calls == per_sync,
-        at + f"DDP all-reduced {calls // max(per_sync, 1)} times instead of once: wrap every "
-        "backward except the last in `with model.no_sync():`.",
+        at
+        + tr(
+            "DDP all-reduced {times} times instead of once: wrap every "
+            "backward except the last in `with model.no_sync():`."
+        ).format(times=calls // max(per_sync, 1)),
     )
 
 
@@ -352,7 +406,7 @@ def check_accumulate(accumulate: Callable[..., None]) -> CheckResult:
         for r, res in enumerate(run_on_ranks(accumulate, "accumulate", world, task.ACCUM_STEPS)):
             _expect_accumulated(res, world, r, task.ACCUM_STEPS)
 
-    return run_check("Exercise 3, accumulate with no_sync", probes)
+    return run_check(tr("Exercise 3, accumulate with no_sync"), probes)
 
 
 def _epochs(read: list[int], per_epoch: int) -> list[list[int]]:
@@ -383,22 +437,28 @@ def _expect_sharded(ranks: list[dict[str, Any]]) -> None:
     for r, res in enumerate(ranks):
         expect(
             len(res["read"]) == per_epoch * epochs,
-            _where(w, r) + f"this rank read {len(res['read'])} samples in {epochs} epochs instead "
-            f"of {per_epoch * epochs} ({n} samples / {w} ranks, rounded up, per epoch): give the "
-            "DataLoader a DistributedSampler(dataset) (no num_replicas/rank of your own, no "
-            "shuffle=True on the loader), so that each rank reads only its share.",
+            _where(w, r)
+            + tr(
+                "this rank read {read} samples in {epochs} epochs instead of {want} ({n} samples "
+                "/ {w} ranks, rounded up, per epoch): give the DataLoader a "
+                "DistributedSampler(dataset) (no num_replicas/rank of your own, no shuffle=True "
+                "on the loader), so that each rank reads only its share."
+            ).format(read=len(res["read"]), epochs=epochs, want=per_epoch * epochs, n=n, w=w),
         )
     firsts = [set(_epochs(res["read"], per_epoch)[0]) for res in ranks]
     expect(
         len(set().union(*firsts)) == n,
-        _where(w, 0) + "the ranks' shares overlap: build DistributedSampler(dataset) inside "
-        "the ranks.",
+        _where(w, 0)
+        + tr("the ranks' shares overlap: build DistributedSampler(dataset) inside the ranks."),
     )
     first, second = _epochs(ranks[0]["read"], per_epoch)[:2]
     expect(
         first != second,
-        _where(w, 0) + "every epoch read the data in the same order: call "
-        "sampler.set_epoch(epoch) at the start of each epoch.",
+        _where(w, 0)
+        + tr(
+            "every epoch read the data in the same order: call sampler.set_epoch(epoch) at the "
+            "start of each epoch."
+        ),
     )
 
 
@@ -408,26 +468,33 @@ def _expect_saved_once(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     others = [r for r, res in enumerate(ranks) if r and res["saves"]]
     expect(
         not others,
-        _where(w, others[0] if others else 0) + "this rank saved a checkpoint too: save only "
-        "where dist.get_rank() == 0.",
+        _where(w, others[0] if others else 0)
+        + tr("this rank saved a checkpoint too: save only where dist.get_rank() == 0."),
     )
     saves = ranks[0]["saves"]
     expect(
         len(saves) == 1,
-        _where(w, 0) + f"rank 0 saved {len(saves)} times; save once, after training.",
+        _where(w, 0)
+        + tr("rank 0 saved {n} times; save once, after training.").format(n=len(saves)),
     )
     early = [r for r, res in enumerate(ranks) if not res.get("written_on_return", True)]
     expect(
         not early,
-        _where(w, early[0] if early else 0) + "this rank returned before rank 0 had written the "
-        "checkpoint (its torch.save was slow on purpose): call dist.barrier() on every rank "
-        "after rank 0 saves, so that no rank goes on (or exits) before the file exists.",
+        _where(w, early[0] if early else 0)
+        + tr(
+            "this rank returned before rank 0 had written the checkpoint (its torch.save was "
+            "slow on purpose): call dist.barrier() on every rank after rank 0 saves, so that no "
+            "rank goes on (or exits) before the file exists."
+        ),
     )
     keys = saves[0]["keys"] or []
     expect(
         keys and not any(k.startswith("module.") for k in keys),
-        _where(w, 0) + "save the plain model's weights, model.module.state_dict() (a state_dict, "
-        "without the 'module.' prefix that DDP adds), not the DDP wrapper's.",
+        _where(w, 0)
+        + tr(
+            "save the plain model's weights, model.module.state_dict() (a state_dict, without "
+            "the 'module.' prefix that DDP adds), not the DDP wrapper's."
+        ),
     )
     return saves
 
@@ -441,34 +508,41 @@ def _expect_trained(ranks: list[dict[str, Any]]) -> None:
     ]
     expect(
         not differ,
-        f"[probe: {w} ranks] the ranks ended with different weights: wrap the model in "
-        "DistributedDataParallel so that every backward averages the gradients.",
+        tr(
+            "[probe: {w} ranks] the ranks ended with different weights: wrap the model in "
+            "DistributedDataParallel so that every backward averages the gradients."
+        ).format(w=w),
     )
     _expect_saved_once(ranks)
     chatty = [r for r, res in enumerate(ranks) if r and res["printed"].strip()]
     expect(
         not chatty,
-        _where(w, chatty[0] if chatty else 0) + "this rank printed too: log only on rank 0, or "
-        "every line appears once per rank.",
+        _where(w, chatty[0] if chatty else 0)
+        + tr("this rank printed too: log only on rank 0, or every line appears once per rank."),
     )
     state = ranks[0]["checkpoint"]
     expect(
         isinstance(state, dict),
-        _where(w, 0) + f"torch.load(checkpoint_path, weights_only=True) failed: {state}. Save "
-        "model.module.state_dict() with torch.save to checkpoint_path.",
+        _where(w, 0)
+        + tr(
+            "torch.load(checkpoint_path, weights_only=True) failed: {state}. Save "
+            "model.module.state_dict() with torch.save to checkpoint_path."
+        ).format(state=state),
     )
     plain = task.make_mlp(task.SIZES, seed=0)
     plain.load_state_dict(state)
     saved = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
     expect(
         torch.equal(saved, ranks[0]["params"]),
-        _where(w, 0) + "the checkpoint is not the trained model.",
+        _where(w, 0) + tr("the checkpoint is not the trained model."),
     )
     ref = reference_train([res["read"] for res in ranks])
     expect(
         torch.allclose(saved, ref, rtol=1e-4, atol=1e-5),
-        f"[probe: {w} ranks] the weights differ from one process training on the same global "
-        "batches: keep SGD(lr=lr), BCEWithLogitsLoss and one step per batch.",
+        tr(
+            "[probe: {w} ranks] the weights differ from one process training on the same global "
+            "batches: keep SGD(lr=lr), BCEWithLogitsLoss and one step per batch."
+        ).format(w=w),
     )
 
 
@@ -481,7 +555,7 @@ def check_train_ddp(train_ddp: Callable[..., None]) -> CheckResult:
             _expect_trained([one])
         _expect_trained(run_on_ranks(train_ddp, "train_ddp", launched_ranks()))
 
-    return run_check("Exercise 4, a DDP-ready training loop", probes)
+    return run_check(tr("Exercise 4, a DDP-ready training loop"), probes)
 
 
 def check_scaled_lr(scaled_lr: Callable[..., tuple[int, float]]) -> CheckResult:
@@ -509,26 +583,32 @@ def check_scaled_lr(scaled_lr: Callable[..., tuple[int, float]]) -> CheckResult:
         got = scaled_lr(base_lr, base_batch, per_rank, world, accum)
         expect(
             isinstance(got, tuple) and len(got) == 2,
-            "return a pair: (effective_batch, learning_rate).",
+            tr("return a pair: (effective_batch, learning_rate)."),
         )
         batch, lr = got
         want = per_rank * world * accum
         if accum > 1:
             expect(
                 batch != per_rank * world,
-                "the effective batch ignores accumulation: each optimizer step sees "
-                "per_rank_batch x world_size x accum_steps samples.",
+                tr(
+                    "the effective batch ignores accumulation: each optimizer step sees "
+                    "per_rank_batch x world_size x accum_steps samples."
+                ),
             )
         expect(
             batch == want,
-            f"with {per_rank} per rank, {world} ranks and {accum} accumulation steps the "
-            f"effective batch is {want}, not {batch}.",
+            tr(
+                "with {per_rank} per rank, {world} ranks and {accum} accumulation steps the "
+                "effective batch is {want}, not {batch}."
+            ).format(per_rank=per_rank, world=world, accum=accum, want=want, batch=batch),
         )
         right = base_lr * want / base_batch
         expect(
             isinstance(lr, (int, float)) and abs(lr - right) <= 1e-12 + 1e-9 * abs(right),
-            f"expected the learning rate {right:.6g}, got {lr!r}: scale the learning rate "
-            "linearly, base_lr x effective_batch / base_batch (a true division, not //).",
+            tr(
+                "expected the learning rate {right:.6g}, got {lr!r}: scale the learning rate "
+                "linearly, base_lr x effective_batch / base_batch (a true division, not //)."
+            ).format(right=right, lr=lr),
         )
 
-    return run_check("Exercise 1, effective batch and learning rate", probes)
+    return run_check(tr("Exercise 1, effective batch and learning rate"), probes)

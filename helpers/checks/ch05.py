@@ -27,10 +27,16 @@ from helpers.checks import (
     run_check,
     work_order,
 )
+from helpers.i18n import tr
 from helpers.memory_bill import measure_training_memory
 from helpers.models import make_mlp, wide_mlp_sizes
 
 _KEYS = ("parameters", "gradients", "optimizer_state", "activations")
+
+
+def _probed(name: str, text: str) -> str:
+    """A hint prefixed with the probe it comes from, as probe() writes it (chapter 5)."""
+    return tr("[probe: {name}] {text}").format(name=name, text=text)
 
 
 def _relu_mlp(sizes: list[int], seed: int, bias: bool = True) -> nn.Sequential:
@@ -63,17 +69,63 @@ def _bill_untouched(
     params = list(model.parameters())
     expect(
         all(p.device == w.device and p.dtype == w.dtype for p, w in zip(params, weights)),
-        "your function moved or cast the caller's model: compute the bill from the layer "
-        "sizes, leave the model as it is.",
+        tr(
+            "your function moved or cast the caller's model: compute the bill from the layer "
+            "sizes, leave the model as it is."
+        ),
     )
     expect(
         all(p.grad is None for p in params)
         and all(torch.equal(p, w) for p, w in zip(params, weights)),
-        "your function ran backward or an optimizer step on the caller's model (its weights "
-        "or .grad changed): compute the bill from the layer sizes, train nothing.",
+        tr(
+            "your function ran backward or an optimizer step on the caller's model (its weights "
+            "or .grad changed): compute the bill from the layer sizes, train nothing."
+        ),
     )
-    expect(all(p.requires_grad for p in params), "your function turned off requires_grad.")
+    expect(all(p.requires_grad for p in params), tr("your function turned off requires_grad."))
     return got
+
+
+def _expect_bill(got: dict, want: dict, model: nn.Sequential, mlp: str, batch: int) -> None:
+    """Each entry of the learner's bill equals the bytes measured on real tensors (chapter 5)."""
+    n = sum(p.numel() for p in model.parameters())
+    expect(
+        got["parameters"] == want["parameters"],
+        tr(
+            "parameters for the MLP {sizes} at batch {batch}: you said {got}, the model "
+            "holds {want} bytes ({n} fp32 numbers, 4 bytes each)."
+        ).format(sizes=mlp, batch=batch, got=got["parameters"], want=want["parameters"], n=n),
+    )
+    expect(
+        got["gradients"] == want["gradients"],
+        tr(
+            "gradients for the MLP {sizes} at batch {batch}: you said {got}, backward made "
+            "{want} bytes (one gradient per parameter, same dtype)."
+        ).format(sizes=mlp, batch=batch, got=got["gradients"], want=want["gradients"]),
+    )
+    expect(
+        got["optimizer_state"] == want["optimizer_state"],
+        tr(
+            "optimizer state for the MLP {sizes} at batch {batch}: you said {got}, Adam "
+            "holds {want} bytes: exp_avg and exp_avg_sq (2 fp32 copies) plus one 4-byte "
+            "step counter per parameter TENSOR (len(list(model.parameters())): a Linear "
+            "without bias has one, not two)."
+        ).format(
+            sizes=mlp,
+            batch=batch,
+            got=got["optimizer_state"],
+            want=want["optimizer_state"],
+        ),
+    )
+    expect(
+        got["activations"] == want["activations"],
+        tr(
+            "activations for the MLP {sizes} at batch {batch}: you said {got}, the meter "
+            "measured {want} bytes. The first Linear keeps the input batch; each ReLU "
+            "keeps its output (which is also what the next Linear keeps: count it once); "
+            "a Linear's output is not kept when a ReLU follows."
+        ).format(sizes=mlp, batch=batch, got=got["activations"], want=want["activations"]),
+    )
 
 
 def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> CheckResult:
@@ -82,13 +134,26 @@ def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> C
     def probes() -> None:
         for sizes, batch, bias in _BILL_PROBES:
             model = _relu_mlp(sizes, seed=batch, bias=bias)
-            with probe(f"MLP {'-'.join(map(str, sizes))}, batch {batch}, bias={bias}"):
+            mlp = "-".join(map(str, sizes))
+            with probe(
+                tr("MLP {sizes}, batch {batch}, bias={bias}").format(
+                    sizes=mlp, batch=batch, bias=bias
+                )
+            ):
                 got = _bill_untouched(fn, model, batch)
             expect(
-                isinstance(got, dict), f"return a dict with keys {_KEYS}, not {type(got).__name__}."
+                isinstance(got, dict),
+                tr("return a dict with keys {keys}, not {kind}.").format(
+                    keys=_KEYS, kind=type(got).__name__
+                ),
             )
             missing = [k for k in _KEYS if k not in got]
-            expect(not missing, f"your dict lacks {missing}; return all of {_KEYS}, in bytes.")
+            expect(
+                not missing,
+                tr("your dict lacks {missing}; return all of {keys}, in bytes.").format(
+                    missing=missing, keys=_KEYS
+                ),
+            )
             opt = torch.optim.Adam(model.parameters())
             x, y = torch.randn(batch, sizes[0]), torch.randint(0, sizes[-1], (batch,))
             real = measure_training_memory(model, opt, nn.functional.cross_entropy, x, y)
@@ -97,39 +162,16 @@ def check_training_bill(fn: Callable[[nn.Sequential, int], dict[str, int]]) -> C
                     _KEYS, (real.parameters, real.gradients, real.optimizer_state, real.activations)
                 )
             )
-            where = f"for the MLP {'-'.join(map(str, sizes))} at batch {batch}"
             for key in _KEYS:
                 expect(
                     isinstance(got[key], (int, float)) and not isinstance(got[key], bool),
-                    f"{key} must be a number of bytes, got {got[key]!r}.",
+                    tr("{key} must be a number of bytes, got {got!r}.").format(
+                        key=key, got=got[key]
+                    ),
                 )
-            n = sum(p.numel() for p in model.parameters())
-            expect(
-                got["parameters"] == want["parameters"],
-                f"parameters {where}: you said {got['parameters']}, the model holds "
-                f"{want['parameters']} bytes ({n} fp32 numbers, 4 bytes each).",
-            )
-            expect(
-                got["gradients"] == want["gradients"],
-                f"gradients {where}: you said {got['gradients']}, backward made {want['gradients']} "
-                "bytes (one gradient per parameter, same dtype).",
-            )
-            expect(
-                got["optimizer_state"] == want["optimizer_state"],
-                f"optimizer state {where}: you said {got['optimizer_state']}, Adam holds "
-                f"{want['optimizer_state']} bytes: exp_avg and exp_avg_sq (2 fp32 copies) plus one "
-                "4-byte step counter per parameter TENSOR (len(list(model.parameters())): a Linear "
-                "without bias has one, not two).",
-            )
-            expect(
-                got["activations"] == want["activations"],
-                f"activations {where}: you said {got['activations']}, the meter measured "
-                f"{want['activations']} bytes. The first Linear keeps the input batch; each ReLU "
-                "keeps its output (which is also what the next Linear keeps: count it once); "
-                "a Linear's output is not kept when a ReLU follows.",
-            )
+            _expect_bill(got, want, model, mlp, batch)
 
-    return run_check("Exercise 1: the training bill", probes)
+    return run_check(tr("Exercise 1: the training bill"), probes)
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor | None]:
@@ -154,23 +196,22 @@ def _run_accumulation(
     hooks = [model.register_forward_pre_hook(record)]
     weights = [p.detach().clone() for p in model.parameters()]
     x_before, y_before = x.clone(), y.clone()
+    name = tr("{n} samples, micro_batch={micro}").format(n=len(x), micro=micro)
     try:
-        with (
-            probe(f"{len(x)} samples, micro_batch={micro}"),
-            work_order(model, model[0].weight) as events,
-        ):
+        with probe(name), work_order(model, model[0].weight) as events:
             fn(model, loss_fn, x, y, micro)
     finally:
         for h in hooks:
             h.remove()
-    where = f"[probe: {len(x)} samples, micro_batch={micro}] "
     expect(
         torch.equal(x, x_before) and torch.equal(y, y_before),
-        where + "your function changed the caller's x or y.",
+        _probed(name, tr("your function changed the caller's x or y.")),
     )
     expect(
         all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), weights)),
-        where + "the weights changed: accumulate gradients only, take no optimizer step.",
+        _probed(
+            name, tr("the weights changed: accumulate gradients only, take no optimizer step.")
+        ),
     )
     return largest, events
 
@@ -192,45 +233,51 @@ def check_accumulate_gradients(
             for p in model.parameters():  # stale gradients the learner must clear first
                 p.grad = torch.full_like(p, 7.0)
             largest, events = _run_accumulation(fn, model, loss_fn, x, y, micro)
-            where = f"[probe: {n} samples, micro_batch={micro}] "
-            expect(largest, where + "your function never ran the model.")
+            name = tr("{n} samples, micro_batch={micro}").format(n=n, micro=micro)
+            expect(largest, _probed(name, tr("your function never ran the model.")))
             together = forwards_at_once(events)
-            expect(together <= 1, where + one_backward_per_forward_hint(together))
+            expect(together <= 1, _probed(name, one_backward_per_forward_hint(together)))
             expect(
                 max(largest) <= micro,
-                f"with micro_batch={micro} you ran a forward on {max(largest)} samples at once: "
-                "the point is never to hold more than one micro-batch of activations.",
+                tr(
+                    "with micro_batch={micro} you ran a forward on {largest} samples at once: "
+                    "the point is never to hold more than one micro-batch of activations."
+                ).format(micro=micro, largest=max(largest)),
             )
             expect(
                 sum(largest) == n,
-                f"the micro-batches covered {sum(largest)} samples, but the batch has {n}: "
-                "use every sample exactly once.",
+                tr(
+                    "the micro-batches covered {covered} samples, but the batch has {n}: "
+                    "use every sample exactly once."
+                ).format(covered=sum(largest), n=n),
             )
             got = _grads(model)
-            expect(all(g is not None for g in got), "some parameters have no .grad afterwards.")
+            expect(all(g is not None for g in got), tr("some parameters have no .grad afterwards."))
             expect(
                 not torch.allclose(got[0], want[0] + 7.0, atol=1e-5),
-                "the gradients still contain the old values: clear them before accumulating "
-                "(model.zero_grad(set_to_none=True)).",
+                tr(
+                    "the gradients still contain the old values: clear them before accumulating "
+                    "(model.zero_grad(set_to_none=True))."
+                ),
             )
             ok = all(torch.allclose(g, w, rtol=1e-4, atol=1e-6) for g, w in zip(got, want))
             if not ok:
                 scale = float(got[0].norm() / want[0].norm())
                 steps = math.ceil(n / micro)
-                hint = (
-                    f"for {n} samples in micro-batches of {micro}, your gradients are {scale:.3g}x "
+                hint = tr(
+                    "for {n} samples in micro-batches of {micro}, your gradients are {scale:.3g}x "
                     "the whole batch's."
-                )
+                ).format(n=n, micro=micro, scale=scale)
                 if abs(scale - steps) < 0.05 * steps:
-                    hint += " Each micro-batch's loss is a mean: scale it before backward()."
+                    hint += tr(" Each micro-batch's loss is a mean: scale it before backward().")
                 elif n % micro:
-                    hint += (
+                    hint += tr(
                         " The last micro-batch is smaller: weight each loss by "
                         "len(micro-batch) / len(batch), not 1 / number of steps."
                     )
                 expect(False, hint)
 
-    return run_check("Exercise 2: gradient accumulation", probes)
+    return run_check(tr("Exercise 2: gradient accumulation"), probes)
 
 
 def check_forward_low_memory(
@@ -264,41 +311,47 @@ def check_forward_low_memory(
         expect(
             [(name, id(m)) for name, m in model.named_modules()] == structure
             and [id(p) for p in model.parameters()] == params,
-            "your function changed the caller's model (replaced or wrapped its layers): "
-            "checkpoint inside the forward, leave the model as it is.",
+            tr(
+                "your function changed the caller's model (replaced or wrapped its layers): "
+                "checkpoint inside the forward, leave the model as it is."
+            ),
         )
         expect(
             isinstance(got_out, torch.Tensor),
-            f"return the model's output, not {type(got_out).__name__}.",
+            tr("return the model's output, not {kind}.").format(kind=type(got_out).__name__),
         )
         expect(
             got_out.shape == want_out.shape and torch.allclose(got_out, want_out, atol=1e-6),
-            "your output differs from model(x): checkpointing must not change the result.",
+            tr("your output differs from model(x): checkpointing must not change the result."),
         )
         nn.functional.cross_entropy(got_out, y).backward()
         got = _grads(model)
         missing = sum(g is None for g in got)
         expect(
             not missing,
-            f"{missing} parameter tensors got no gradient. With use_reentrant=True and an input "
-            "that does not require grad, a checkpointed segment's weights get none: use "
-            "use_reentrant=False.",
+            tr(
+                "{missing} parameter tensors got no gradient. With use_reentrant=True and an "
+                "input that does not require grad, a checkpointed segment's weights get none: "
+                "use use_reentrant=False."
+            ).format(missing=missing),
         )
         expect(
             all(torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(got, want)),
-            "the gradients differ from the plain model's.",
+            tr("the gradients differ from the plain model's."),
         )
         saved = measure_activation_bytes(_Wrapped(model), x)
         cut = 1 - saved / plain
         expect(
             cut >= min_cut - 1e-9,
-            f"activation bytes went from {plain / 2**20:.2f} MiB to {saved / 2**20:.2f} MiB, a cut of "
-            f"{cut:.0%}; at least {min_cut:.0%} is needed. Checkpointing each Linear+ReLU block "
-            "alone saves nothing (a block keeps only its input anyway): checkpoint segments of "
-            "several blocks, so only each segment's input is kept.",
+            tr(
+                "activation bytes went from {plain:.2f} MiB to {saved:.2f} MiB, a cut of "
+                "{cut:.0%}; at least {min_cut:.0%} is needed. Checkpointing each Linear+ReLU "
+                "block alone saves nothing (a block keeps only its input anyway): checkpoint "
+                "segments of several blocks, so only each segment's input is kept."
+            ).format(plain=plain / 2**20, saved=saved / 2**20, cut=cut, min_cut=min_cut),
         )
 
-    return run_check("Exercise 3: place the checkpoints", probes)
+    return run_check(tr("Exercise 3: place the checkpoints"), probes)
 
 
 def check_largest_batch(fn: Callable[[Callable[[int], bool], int], int]) -> CheckResult:
@@ -318,23 +371,30 @@ def check_largest_batch(fn: Callable[[Callable[[int], bool], int], int]) -> Chec
             got = fn(fits, limit)
             expect(
                 got == true_max,
-                f"when batches up to {true_max} fit (limit {limit}) you returned {got!r}. "
-                "Keep the last size that fitted and the first that did not, and search between.",
+                tr(
+                    "when batches up to {true_max} fit (limit {limit}) you returned {got!r}. "
+                    "Keep the last size that fitted and the first that did not, and search "
+                    "between."
+                ).format(true_max=true_max, limit=limit, got=got),
             )
             expect(
                 len(calls) <= budget,
-                f"you called fits {len(calls)} times to find {true_max}; doubling then binary "
-                f"search needs at most {budget}. Do not step one by one.",
+                tr(
+                    "you called fits {calls} times to find {true_max}; doubling then binary "
+                    "search needs at most {budget}. Do not step one by one."
+                ).format(calls=len(calls), true_max=true_max, budget=budget),
             )
             expect(
                 all(1 <= b <= limit for b in calls),
-                f"you tried batch sizes outside 1..{limit}: {sorted(set(calls))[:5]}...",
+                tr("you tried batch sizes outside 1..{limit}: {tried}...").format(
+                    limit=limit, tried=sorted(set(calls))[:5]
+                ),
             )
         for limit in (4096, 1000, 1):
-            with probe(f"nothing fits, limit {limit}"):
-                expect(fn(lambda b: False, limit) == 0, "when not even batch 1 fits, return 0.")
+            with probe(tr("nothing fits, limit {limit}").format(limit=limit)):
+                expect(fn(lambda b: False, limit) == 0, tr("when not even batch 1 fits, return 0."))
 
-    return run_check("Exercise 4: the largest batch that fits", probes)
+    return run_check(tr("Exercise 4: the largest batch that fits"), probes)
 
 
 def _expect_propagates(fn: Callable[[Callable[[int], Any], int], bool]) -> None:
@@ -348,9 +408,14 @@ def _expect_propagates(fn: Callable[[Callable[[int], Any], int], bool]) -> None:
     except RuntimeError:
         return
     raise CheckFailed(
-        f"[probe: a RuntimeError that is not out-of-memory] a shape mismatch in the step was "
-        f"swallowed (you returned {got!r}): catching every RuntimeError hides bugs. Re-raise "
-        "unless helpers.sweeps.is_out_of_memory(exc) is true."
+        _probed(
+            tr("a RuntimeError that is not out-of-memory"),
+            tr(
+                "a shape mismatch in the step was swallowed (you returned {got!r}): catching "
+                "every RuntimeError hides bugs. Re-raise unless "
+                "helpers.sweeps.is_out_of_memory(exc) is true."
+            ).format(got=got),
+        )
     )
 
 
@@ -366,21 +431,28 @@ def check_safe_step(fn: Callable[[Callable[[int], Any], int], bool]) -> CheckRes
             torch.empty(2**60, dtype=torch.uint8)  # impossible: 1 EiB
 
         got = fn(failing_step, 256)
-        expect(got is False, f"after an out-of-memory error return False, not {got!r}.")
+        expect(
+            got is False,
+            tr("after an out-of-memory error return False, not {got!r}.").format(got=got),
+        )
         gc.collect()
         expect(
             seen["ref"]() is None,
-            "the failed step's tensors are still alive: something still references the "
-            "exception or its traceback (a variable, a list, a global). Keep only a message.",
+            tr(
+                "the failed step's tensors are still alive: something still references the "
+                "exception or its traceback (a variable, a list, a global). Keep only a message."
+            ),
         )
         calls: list[int] = []
         expect(
             fn(lambda b: calls.append(b) or torch.zeros(b).sum(), 8) is True,
-            "when the step runs, return True.",
+            tr("when the step runs, return True."),
         )
         expect(
             calls == [8],
-            f"step(batch) ran {len(calls)} times with {calls}: call it once, with the batch given.",
+            tr(
+                "step(batch) ran {n} times with {calls}: call it once, with the batch given."
+            ).format(n=len(calls), calls=calls),
         )
         _expect_propagates(fn)
 
@@ -394,8 +466,10 @@ def check_safe_step(fn: Callable[[Callable[[int], Any], int], bool]) -> CheckRes
         else:
             expect(
                 False,
-                "a step that raised ValueError (a bug) was swallowed: catch only out-of-memory "
-                "errors and re-raise everything else.",
+                tr(
+                    "a step that raised ValueError (a bug) was swallowed: catch only "
+                    "out-of-memory errors and re-raise everything else."
+                ),
             )
 
-    return run_check("Exercise 5: survive out-of-memory", probes)
+    return run_check(tr("Exercise 5: survive out-of-memory"), probes)

@@ -17,12 +17,18 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import benchmark as tbench
 
 from helpers.checks import CheckResult, expect, probe, run_check
+from helpers.i18n import tr, tr_mark
 from helpers.profiling import ToyAsyncDevice
 from helpers.syncs import SyncCounter
 
 KERNEL_S = 0.005  # what one call costs on the toy device once warm
 FIRST_CALLS_S = 0.06  # what each of the first calls costs (think: autotuning, a compile)
 HICCUP_S = 0.15  # one slow call among the timed ones (think: another process)
+
+
+def _probed(name: str, text: str) -> str:
+    """A hint prefixed with the probe it comes from, as probe() writes it (chapter 6)."""
+    return tr("[probe: {name}] {text}").format(name=name, text=text)
 
 
 class _SlowStartWorkload:
@@ -58,36 +64,48 @@ def _measure_probes(measure: Callable[..., float]) -> None:
         device.synchronize()
         expect(
             isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got),
-            f"return the median time per call as a float number of seconds, not {got!r}.",
+            tr("return the median time per call as a float number of seconds, not {got!r}.").format(
+                got=got
+            ),
         )
         expect(
             fn.calls >= warmup + repeats,
-            f"fn was called {fn.calls} times, but warmup={warmup} and repeats={repeats} need at "
-            f"least {warmup + repeats} calls: `warmup` untimed calls, then `repeats` timed ones.",
+            tr(
+                "fn was called {calls} times, but warmup={warmup} and repeats={repeats} need at "
+                "least {total} calls: `warmup` untimed calls, then `repeats` timed ones."
+            ).format(calls=fn.calls, warmup=warmup, repeats=repeats, total=warmup + repeats),
         )
         ratio = got / reference
         expect(
             not 300 < ratio < 3000,
-            f"you returned {got:.4g}, about 1000x torch.utils.benchmark's {reference:.4g} s: "
-            "return seconds, not milliseconds.",
+            tr(
+                "you returned {got:.4g}, about 1000x torch.utils.benchmark's {reference:.4g} s: "
+                "return seconds, not milliseconds."
+            ).format(got=got, reference=reference),
         )
         expect(
             ratio > 0.3,
-            f"you measured {got * 1e3:.3g} ms per call, but the work takes "
-            f"{reference * 1e3:.3g} ms (torch.utils.benchmark): the clock stopped before the "
-            "device finished. Call sync() before you read the clock.",
+            tr(
+                "you measured {got_ms:.3g} ms per call, but the work takes {ref_ms:.3g} ms "
+                "(torch.utils.benchmark): the clock stopped before the device finished. "
+                "Call sync() before you read the clock."
+            ).format(got_ms=got * 1e3, ref_ms=reference * 1e3),
         )
         expect(
             ratio < 2.0,
-            f"you measured {got * 1e3:.3g} ms per call, but a warm call takes "
-            f"{reference * 1e3:.3g} ms (torch.utils.benchmark). The first {warmup} calls are "
-            "slow on purpose: run `warmup` calls (and sync) before timing, and report the "
-            "median of the timed calls, which one slow call (a hiccup) does not move.",
+            tr(
+                "you measured {got_ms:.3g} ms per call, but a warm call takes {ref_ms:.3g} ms "
+                "(torch.utils.benchmark). The first {warmup} calls are slow on purpose: run "
+                "`warmup` calls (and sync) before timing, and report the median of the timed "
+                "calls, which one slow call (a hiccup) does not move."
+            ).format(got_ms=got * 1e3, ref_ms=reference * 1e3, warmup=warmup),
         )
         expect(
             ratio < 1.5,
-            f"{got * 1e3:.3g} ms per call is too far from torch.utils.benchmark's "
-            f"{reference * 1e3:.3g} ms: time each call with time.perf_counter() and sync().",
+            tr(
+                "{got_ms:.3g} ms per call is too far from torch.utils.benchmark's {ref_ms:.3g} ms: "
+                "time each call with time.perf_counter() and sync()."
+            ).format(got_ms=got * 1e3, ref_ms=reference * 1e3),
         )
 
 
@@ -112,18 +130,29 @@ def _median_probe(measure: Callable[..., float]) -> None:
         device.synchronize()
         expect(
             fn.calls == warmup + len(timed),
-            f"fn was called {fn.calls} times instead of warmup + repeats = "
-            f"{warmup + len(timed)}: use the warmup and repeats you are given.",
+            tr(
+                "fn was called {calls} times instead of warmup + repeats = "
+                "{total}: use the warmup and repeats you are given."
+            ).format(calls=fn.calls, total=warmup + len(timed)),
         )
         # every timed call lasts at least what it queued, so the median of the measured times
         # is at least the median of the queued ones: `slow`, on any machine however busy
-        expect(isinstance(got, (int, float)), f"return a float number of seconds, not {got!r}.")
+        expect(
+            isinstance(got, (int, float)),
+            tr("return a float number of seconds, not {got!r}.").format(got=got),
+        )
         expect(
             got >= 0.999 * slow,
-            f"the timed calls queued {', '.join(f'{t * 1e3:g}' for t in timed)} ms: their "
-            f"median is {slow * 1e3:g} ms, and you returned {got * 1e3:.3g} ms, below it. "
-            f"That looks like {'the fastest call (min)' if got < 0.3 * slow else 'the mean'}, "
-            "which outliers move: return statistics.median of the per-call times.",
+            tr(
+                "the timed calls queued {queued} ms: their median is {median_ms:g} ms, and you "
+                "returned {got_ms:.3g} ms, below it. That looks like {looks_like}, which "
+                "outliers move: return statistics.median of the per-call times."
+            ).format(
+                queued=", ".join(format(t * 1e3, "g") for t in timed),
+                median_ms=slow * 1e3,
+                got_ms=got * 1e3,
+                looks_like=tr("the fastest call (min)") if got < 0.3 * slow else tr("the mean"),
+            ),
         )
 
 
@@ -131,11 +160,11 @@ def check_measure(measure: Callable[..., float]) -> CheckResult:
     """Exercise 1: warm-up, sync, repeats and the median, against torch.utils.benchmark (chapter 6)."""
 
     def probes() -> None:
-        with probe("warmup=3, repeats=5, one hiccup"):
+        with probe(tr("warmup=3, repeats=5, one hiccup")):
             _measure_probes(measure)
         _median_probe(measure)
 
-    return run_check("Exercise 1, a correct benchmark function", probes)
+    return run_check(tr("Exercise 1, a correct benchmark function"), probes)
 
 
 def _profile_of(work: Callable[[], None], label: bool = True) -> profile:
@@ -215,25 +244,33 @@ def _top_op_mistakes(prof: profile) -> list[tuple[str, str]]:
     return [
         (
             _top(averages, "cpu_time_total"),
-            "the row with the largest TOTAL time: it includes its children. Sort by "
-            "self time (self_cpu_time_total) to find the op doing the work.",
+            tr(
+                "the row with the largest TOTAL time: it includes its children. Sort by "
+                "self time (self_cpu_time_total) to find the op doing the work."
+            ),
         ),
         (
             _biggest_single_event(prof),
-            "the op with the biggest single call; key_averages() already sums every "
-            "call of an op, and many small calls can outweigh one big one.",
+            tr(
+                "the op with the biggest single call; key_averages() already sums every "
+                "call of an op, and many small calls can outweigh one big one."
+            ),
         ),
         (
             max(rows, key=lambda e: e.self_cpu_time_total / max(e.count, 1)).key,
-            "the op with the largest time PER CALL (an average): use the total over "
-            "all calls, self_cpu_time_total.",
+            tr(
+                "the op with the largest time PER CALL (an average): use the total over "
+                "all calls, self_cpu_time_total."
+            ),
         ),
         (
             _top(averages, "self_device_time_total"),
-            "the op with the most self DEVICE time; on a CPU profile every device time "
-            "is 0. The exercise asks for self_cpu_time_total.",
+            tr(
+                "the op with the most self DEVICE time; on a CPU profile every device time "
+                "is 0. The exercise asks for self_cpu_time_total."
+            ),
         ),
-        (rows[0].key, "the first row: key_averages() is not sorted; take the max."),
+        (rows[0].key, tr("the first row: key_averages() is not sorted; take the max.")),
     ]
 
 
@@ -243,7 +280,7 @@ def check_top_self_op(top_self_op: Callable[[profile], str]) -> CheckResult:
     def probes() -> None:
         cases = [
             (
-                "many additions that together outweigh one multiplication",
+                tr_mark("many additions that together outweigh one multiplication"),
                 _many_small_among_one_big,
                 lambda prof: (  # the sum wins, but neither one call nor the mean per call does
                     _top(prof.key_averages(), "self_cpu_time_total") == "aten::add"
@@ -254,47 +291,69 @@ def check_top_self_op(top_self_op: Callable[[profile], str]) -> CheckResult:
                     and _biggest_single_event(prof) != "aten::add"  # not one preempted addition
                 ),
             ),
-            ("one matmul among small additions", _matmul_among_small_ops, None),
-            ("a sort, a small matmul, small additions", _sort_among_small_ops, None),
+            (tr_mark("one matmul among small additions"), _matmul_among_small_ops, None),
+            (tr_mark("a sort, a small matmul, small additions"), _sort_among_small_ops, None),
         ]
-        failed = []  # (where, expected, got, the mistakes `got` matches in that probe)
+        failed = []  # (probe name, expected, got, the mistakes `got` matches in that probe)
         for what, work, need in cases:
             prof = _profile_of(work) if need is None else _distinguishing_profile(work, need)
             averages = prof.key_averages()
             expected = _top(averages, "self_cpu_time_total")
-            with probe(f"a profile of {what}"):
+            name = tr("a profile of {what}").format(what=tr(what))
+            with probe(name):
                 got = top_self_op(prof)
-            where = f"[probe: a profile of {what}] "
             expect(
                 isinstance(got, str),
-                where + f"return the op's name as a string (the row's .key), not "
-                f"{type(got).__name__}.",
+                _probed(
+                    name,
+                    tr("return the op's name as a string (the row's .key), not {kind}.").format(
+                        kind=type(got).__name__
+                    ),
+                ),
             )
             if got != expected:
                 whys = [why for wrong, why in _top_op_mistakes(prof) if got == wrong]
-                failed.append((where, expected, got, whys))
+                failed.append((name, expected, got, whys))
         if not failed:
             return
         # One profile can fit several mistakes (on a CPU every device time is 0, so sorting by
         # device time returns the first row); name those the answer fits in EVERY failed probe.
-        where, expected, got, whys = failed[0]
+        name, expected, got, whys = failed[0]
         common = [why for why in whys if all(why in f[3] for f in failed)]
         if len(common) == 1:
-            expect(False, where + f"expected {expected!r}, you returned {got!r}, {common[0]}")
+            expect(
+                False,
+                _probed(
+                    name,
+                    tr("expected {expected!r}, you returned {got!r}, {why}").format(
+                        expected=expected, got=got, why=common[0]
+                    ),
+                ),
+            )
         if common:
             expect(
                 False,
-                where + f"expected {expected!r}, you returned {got!r}. In every probe it missed, "
-                "your answer fits each of these mistakes (these profiles cannot tell them "
-                "apart): " + " OR ".join(common),
+                _probed(
+                    name,
+                    tr(
+                        "expected {expected!r}, you returned {got!r}. In every probe it missed, "
+                        "your answer fits each of these mistakes (these profiles cannot tell "
+                        "them apart): {mistakes}"
+                    ).format(expected=expected, got=got, mistakes=tr(" OR ").join(common)),
+                ),
             )
         expect(
             False,
-            where + f"expected {expected!r} (the most self CPU time), you returned {got!r}. "
-            "Use prof.key_averages() and each row's self_cpu_time_total.",
+            _probed(
+                name,
+                tr(
+                    "expected {expected!r} (the most self CPU time), you returned {got!r}. "
+                    "Use prof.key_averages() and each row's self_cpu_time_total."
+                ).format(expected=expected, got=got),
+            ),
         )
 
-    return run_check("Exercise 2, name the top op of a profile", probes)
+    return run_check(tr("Exercise 2, name the top op of a profile"), probes)
 
 
 def _regression_data(seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -330,7 +389,7 @@ def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
 
     def probes() -> None:
         for batch_size in (32, 48):  # 512 samples: 16 full batches; 10 full and a short one
-            with probe(f"512 samples, batch_size={batch_size}"):
+            with probe(tr("512 samples, batch_size={batch_size}").format(batch_size=batch_size)):
                 one(batch_size)
 
     def one(batch_size: int) -> None:
@@ -356,37 +415,49 @@ def check_fast_train(fast_train: Callable[..., list[float]]) -> CheckResult:
             hook.remove()
         expect(
             max(alive, default=0) <= 2,
-            f"{max(alive, default=0)} steps' autograd graphs were alive at once: you keep each "
-            "step's loss with its graph (and every activation in it). Store loss.detach().",
+            tr(
+                "{alive} steps' autograd graphs were alive at once: you keep each step's loss "
+                "with its graph (and every activation in it). Store loss.detach()."
+            ).format(alive=max(alive, default=0)),
         )
         expect(
             isinstance(got, list) and all(isinstance(v, float) for v in got),
-            f"return the per-step losses as a list of Python floats, got {type(got).__name__}. "
-            "Collect the detached losses on the device, then convert once at the end.",
+            tr(
+                "return the per-step losses as a list of Python floats, got {kind}. "
+                "Collect the detached losses on the device, then convert once at the end."
+            ).format(kind=type(got).__name__),
         )
         expect(
             len(got) == len(expected),
-            f"return one loss per step: {len(expected)} steps, you returned {len(got)} values.",
+            tr("return one loss per step: {steps} steps, you returned {n} values.").format(
+                steps=len(expected), n=len(got)
+            ),
         )
         expect(
             torch.allclose(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-7),
-            "your losses differ from the slow loop's: keep the same batches, order and optimizer.",
+            tr(
+                "your losses differ from the slow loop's: keep the same batches, order and "
+                "optimizer."
+            ),
         )
         same_params = all(
             torch.allclose(a, b, rtol=0, atol=1e-6)
             for a, b in zip(model.parameters(), slow_model.parameters())
         )
         expect(
-            same_params, "the trained parameters differ from the slow loop's: same math, please."
+            same_params,
+            tr("the trained parameters differ from the slow loop's: same math, please."),
         )
         expect(
             syncs.count <= 2,
-            f"your loop made {syncs.count} host syncs ({dict(syncs.by_kind())}); the slow one made "
-            f"{slow_syncs.count}. Keep losses on the device (loss.detach()) and read them once "
-            "at the end, e.g. torch.stack(losses).tolist().",
+            tr(
+                "your loop made {count} host syncs ({kinds}); the slow one made {slow}. Keep "
+                "losses on the device (loss.detach()) and read them once at the end, e.g. "
+                "torch.stack(losses).tolist()."
+            ).format(count=syncs.count, kinds=dict(syncs.by_kind()), slow=slow_syncs.count),
         )
 
-    return run_check("Exercise 3, remove the per-step sync", probes)
+    return run_check(tr("Exercise 3, remove the per-step sync"), probes)
 
 
 def _linear_step_and_flops(
@@ -415,7 +486,10 @@ def check_step_mfu(step_mfu: Callable[[Callable[[], object], float, float], floa
             (24, (100, 40, 7), 3e-5, 3.7e11),
             (5, (33, 65), 1.1e-6, 9.9e12),
         ):
-            with probe(f"Linear layers {'-'.join(map(str, sizes))} at batch {batch}"):
+            name = tr("Linear layers {sizes} at batch {batch}").format(
+                sizes="-".join(map(str, sizes)), batch=batch
+            )
+            with probe(name):
                 one(batch, sizes, seconds, peak)
 
     def one(batch: int, sizes: tuple[int, ...], seconds: float, peak: float) -> None:
@@ -424,35 +498,46 @@ def check_step_mfu(step_mfu: Callable[[Callable[[], object], float, float], floa
         got = step_mfu(step, seconds, peak)
         expect(
             isinstance(got, float) and math.isfinite(got),
-            f"return the MFU as a float fraction, got {got!r}.",
+            tr("return the MFU as a float fraction, got {got!r}.").format(got=got),
         )
         expect(
             not math.isclose(got, 100 * expected, rel_tol=1e-3),
-            f"you returned {got:.4g}, a percentage: return the fraction ({expected:.4g}).",
+            tr(
+                "you returned {got:.4g}, a percentage: return the fraction ({expected:.4g})."
+            ).format(got=got, expected=expected),
         )
         pairs = list(zip(sizes, sizes[1:]))
         for n_params in (sum(a * b for a, b in pairs), sum(a * b + b for a, b in pairs)):
             expect(
                 not math.isclose(got, 6 * batch * n_params / seconds / peak, rel_tol=0.01),
-                "that is the '6 x batch x parameters' rule of thumb; count instead with "
-                "FlopCounterMode: this step computes no gradient for its input.",
+                tr(
+                    "that is the '6 x batch x parameters' rule of thumb; count instead with "
+                    "FlopCounterMode: this step computes no gradient for its input."
+                ),
             )
         expect(
             math.isclose(got, expected, rel_tol=1e-3),
-            f"expected {expected:.4g}, got {got:.4g} ({got / expected:.3g}x). Count the FLOPs "
-            "of one call of step() with FlopCounterMode(display=False) (no fixed number: the "
-            "step changes), then divide by seconds_per_step and by peak_flops.",
+            tr(
+                "expected {expected:.4g}, got {got:.4g} ({ratio:.3g}x). Count the FLOPs of one "
+                "call of step() with FlopCounterMode(display=False) (no fixed number: the step "
+                "changes), then divide by seconds_per_step and by peak_flops."
+            ).format(expected=expected, got=got, ratio=got / expected),
         )
         for bad_seconds in (0.0, -1e-3):
             try:
                 step_mfu(step, bad_seconds, peak)
             except ValueError:
                 continue
-            expect(False, f"seconds={bad_seconds} must raise ValueError: a step cannot take that.")
+            expect(
+                False,
+                tr("seconds={seconds} must raise ValueError: a step cannot take that.").format(
+                    seconds=bad_seconds
+                ),
+            )
         try:
             step_mfu(step, seconds, 0.0)
         except ValueError:
             return
-        expect(False, "peak=0 must raise ValueError: there is no MFU against a zero peak.")
+        expect(False, tr("peak=0 must raise ValueError: there is no MFU against a zero peak."))
 
-    return run_check("Exercise 4, MFU of a step", probes)
+    return run_check(tr("Exercise 4, MFU of a step"), probes)

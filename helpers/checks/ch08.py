@@ -21,6 +21,7 @@ from helpers.attention_tiles import lse_rounding_bound, rounding_bound
 from helpers.attention_triton import triton_status
 from helpers.checks import CheckFailed, CheckResult, expect, names_used, probe, run_check
 from helpers.flash_attention import flash_backward, flash_forward
+from helpers.i18n import tr, tr_mark
 
 #: The status of a check that could not run here (Triton missing), printed with ⏭.
 SKIP = "skip"
@@ -63,21 +64,39 @@ def _merge(a: State, b: State, mistake: str = "") -> State:
     return m, ell, acc
 
 
+#: Each typical mistake's hint, in English (tr() it where it is shown).
 _MERGE_HINTS = {
-    "sum not rescaled": "you added l_a + l_b as they are, but each sum was taken against its own "
-    "max: rescale both to the common max m first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m).",
-    "acc not rescaled": "the sums are right but acc is not: acc was accumulated against the same "
-    "max as l, so it needs the same factors, acc_a * exp(m_a - m) + acc_b * exp(m_b - m) "
-    "(one factor per row: unsqueeze it over the last dimension).",
-    "nothing rescaled": "you added the sums and the accumulators as they are; each was taken "
-    "against its own max: multiply state a's by exp(m_a - m) and b's by exp(m_b - m).",
-    "min": "the common max is the larger of the two (torch.maximum), not the smaller: against a "
-    "smaller one the exps of the other tile can overflow.",
-    "flipped": "the factors are upside down: exp(m_a - m) (at most 1, the sum shrinks to the "
-    "larger max), not exp(m - m_a).",
-    "normalised": "you divided acc by l: keep acc unnormalised (sum of exp(s - m) * v), so that "
-    "more tiles can still be merged in; divide once, at the very end.",
+    "sum not rescaled": tr_mark(
+        "you added l_a + l_b as they are, but each sum was taken against its own "
+        "max: rescale both to the common max m first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m)."
+    ),
+    "acc not rescaled": tr_mark(
+        "the sums are right but acc is not: acc was accumulated against the same "
+        "max as l, so it needs the same factors, acc_a * exp(m_a - m) + acc_b * exp(m_b - m) "
+        "(one factor per row: unsqueeze it over the last dimension)."
+    ),
+    "nothing rescaled": tr_mark(
+        "you added the sums and the accumulators as they are; each was taken "
+        "against its own max: multiply state a's by exp(m_a - m) and b's by exp(m_b - m)."
+    ),
+    "min": tr_mark(
+        "the common max is the larger of the two (torch.maximum), not the smaller: against a "
+        "smaller one the exps of the other tile can overflow."
+    ),
+    "flipped": tr_mark(
+        "the factors are upside down: exp(m_a - m) (at most 1, the sum shrinks to the "
+        "larger max), not exp(m - m_a)."
+    ),
+    "normalised": tr_mark(
+        "you divided acc by l: keep acc unnormalised (sum of exp(s - m) * v), so that "
+        "more tiles can still be merged in; divide once, at the very end."
+    ),
 }
+
+
+def _at(name: str, text: str) -> str:
+    """'[probe: name] text', in the current language (chapter 8)."""
+    return tr("[probe: {name}] {text}").format(name=name, text=text)
 
 
 def _merge_hint(got: State, a: State, b: State) -> str:
@@ -89,10 +108,10 @@ def _merge_hint(got: State, a: State, b: State) -> str:
     for mistake, hint in _MERGE_HINTS.items():
         wrong = _merge(a, b, mistake)
         if all(torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9, equal_nan=True) for g, w in zip(got, wrong)):  # fmt: skip
-            return hint
+            return tr(hint)
     want = _merge(a, b)
     parts = [n for n, g, w in zip(("m", "l", "acc"), got, want) if not torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9)]  # fmt: skip
-    return f"{', '.join(parts)} differ from the merged state: m = max(m_a, m_b); l and acc are the sum of each state's, each times exp(its m - m)."  # fmt: skip
+    return tr("{parts} differ from the merged state: m = max(m_a, m_b); l and acc are the sum of each state's, each times exp(its m - m).").format(parts=", ".join(parts))  # fmt: skip
 
 
 def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -124,19 +143,27 @@ def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
     copies = [(t.clone(), t._version) for t in (*a, *b)]
     with probe(name):
         got = fn(a, b)
-    where = f"[probe: {name}] "
     expect(
         isinstance(got, tuple) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got),
-        where + f"return a tuple of three tensors (m, l, acc), not {type(got).__name__}.",
+        _at(
+            name,
+            tr("return a tuple of three tensors (m, l, acc), not {kind}.").format(
+                kind=type(got).__name__
+            ),
+        ),  # fmt: skip
     )
     expect(
         all(torch.equal(t, c) and t._version == n for t, (c, n) in zip((*a, *b), copies)),
-        where
-        + "you changed the caller's state in place (mul_, +=, copy_ on an input): build new tensors.",  # fmt: skip
+        _at(
+            name,
+            tr(
+                "you changed the caller's state in place (mul_, +=, copy_ on an input): build new tensors."
+            ),
+        ),  # fmt: skip
     )
     for part, g, w in zip(("m", "l", "acc"), got, a):
-        expect(g.shape == w.shape, where + f"{part} has shape {tuple(g.shape)}, expected {tuple(w.shape)}.")  # fmt: skip
-        expect(g.dtype == w.dtype, where + f"{part} is {g.dtype}, the inputs are {w.dtype}: keep it.")  # fmt: skip
+        expect(g.shape == w.shape, _at(name, tr("{part} has shape {shape}, expected {want}.").format(part=part, shape=tuple(g.shape), want=tuple(w.shape))))  # fmt: skip
+        expect(g.dtype == w.dtype, _at(name, tr("{part} is {dtype}, the inputs are {want}: keep it.").format(part=part, dtype=g.dtype, want=w.dtype)))  # fmt: skip
     return got
 
 
@@ -154,8 +181,8 @@ def _merge_probe(fn: Callable[..., Any], name: str, rows: tuple[int, ...], dtype
     ):
         hint = _merge_hint(got, a, b)
         if size > 10 and any(not torch.isfinite(t).all() for t in got):
-            hint = "with scores of about 100, exp overflows: never take exp of a max or a score alone, only exp(m_a - m) and exp(m_b - m), which are at most 1."  # fmt: skip
-        raise CheckFailed(f"[probe: {name}] " + hint)
+            hint = tr("with scores of about 100, exp overflows: never take exp of a max or a score alone, only exp(m_a - m) and exp(m_b - m), which are at most 1.")  # fmt: skip
+        raise CheckFailed(_at(name, hint))
 
 
 def _empty_probe(fn: Callable[..., Any]) -> None:
@@ -164,9 +191,9 @@ def _empty_probe(fn: Callable[..., Any]) -> None:
     real = _state(torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g))
     empty = _empty_state(real)
     for name, a, b, want in (
-        ("an empty tile merged into a real one", real, empty, real),
-        ("a real tile merged into an empty one", empty, real, real),
-        ("two empty tiles", empty, empty, empty),
+        (tr("an empty tile merged into a real one"), real, empty, real),
+        (tr("a real tile merged into an empty one"), empty, real, real),
+        (tr("two empty tiles"), empty, empty, empty),
     ):
         got = _call_merge(fn, name, a, b)
         # exact in the chapter's form (factors exp(-inf) = 0 and exp(0) = 1); another form rounds
@@ -174,14 +201,18 @@ def _empty_probe(fn: Callable[..., Any]) -> None:
         if not ok:
             nan = any(torch.isnan(t).any() for t in got)
             raise CheckFailed(
-                f"[probe: {name}] "
-                + (
-                    "you got NaN: with both maxes -inf, exp(m_a - m) is exp(-inf - (-inf)) = "
-                    "exp(nan). Use a safe max for the factors, e.g. m_safe = torch.where("
-                    "torch.isinf(m), 0, m), then exp(m_a - m_safe) is exp(-inf) = 0."
+                _at(
+                    name,
+                    tr(
+                        "you got NaN: with both maxes -inf, exp(m_a - m) is exp(-inf - (-inf)) = "
+                        "exp(nan). Use a safe max for the factors, e.g. m_safe = torch.where("
+                        "torch.isinf(m), 0, m), then exp(m_a - m_safe) is exp(-inf) = 0."
+                    )
                     if nan
-                    else "merging a tile that saw no key (m = -inf, l = 0, acc = 0) must change "
-                    "nothing: " + _merge_hint(got, a, b)
+                    else tr(
+                        "merging a tile that saw no key (m = -inf, l = 0, acc = 0) must change "
+                        "nothing: {advice}"
+                    ).format(advice=_merge_hint(got, a, b)),
                 )
             )
 
@@ -190,9 +221,9 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
     """Exercise 1: merge two (max, sum, accumulator) softmax states, as a tile loop does (chapter 8)."""
 
     def probes() -> None:
-        _merge_probe(fn, "two tiles of 5 and 7 scores, 4 rows, float64", (4,), torch.float64, 1.0, 0)  # fmt: skip
-        _merge_probe(fn, "rows shaped (2, 3), float32", (2, 3), torch.float32, 1.0, 1)
-        _merge_probe(fn, "scores of about 100, float32", (4,), torch.float32, 100.0, 2)
+        _merge_probe(fn, tr("two tiles of 5 and 7 scores, 4 rows, float64"), (4,), torch.float64, 1.0, 0)  # fmt: skip
+        _merge_probe(fn, tr("rows shaped (2, 3), float32"), (2, 3), torch.float32, 1.0, 1)
+        _merge_probe(fn, tr("scores of about 100, float32"), (4,), torch.float32, 100.0, 2)
         _empty_probe(fn)
         g = torch.Generator().manual_seed(3)
         a = _state(torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
@@ -201,11 +232,15 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
         tol = _merge_tolerance(a, b, torch.float32)  # each order within it of the exact merge
         expect(
             all(_within(x, y, 2 * t) for x, y, t in zip(ab, ba, tol)),
-            "[probe: merge(a, b) against merge(b, a)] the order of the tiles changed the result: "
-            "the merge must treat both states alike.",
+            _at(
+                tr("merge(a, b) against merge(b, a)"),
+                tr(
+                    "the order of the tiles changed the result: the merge must treat both states alike."
+                ),  # fmt: skip
+            ),
         )
 
-    return run_check("Exercise 1, merging two softmax states", probes)
+    return run_check(tr("Exercise 1, merging two softmax states"), probes)
 
 
 # --- exercise 2: the tiled attention forward -----------------------------------------------------
@@ -235,9 +270,11 @@ class _NoSoftmaxOrSdpa(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in ("scaled_dot_product_attention", "softmax", "log_softmax", "_softmax"):
             raise CheckFailed(
-                f"you called {name}: the exercise allows no softmax, log_softmax or SDPA call, "
-                "not even on one tile. Build the softmax from the running max, sum and "
-                "accumulator (exercise 1's merge, one key tile at a time)."
+                tr(
+                    "you called {name}: the exercise allows no softmax, log_softmax or SDPA call, "
+                    "not even on one tile. Build the softmax from the running max, sum and "
+                    "accumulator (exercise 1's merge, one key tile at a time)."
+                ).format(name=name)
             )
         return func(*args, **(kwargs or {}))
 
@@ -267,9 +304,10 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     return torch.exp(s - lse[..., None]) @ v, lse
 
 
-def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int) -> str:  # fmt: skip
+def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int, sixteen_bit: bool = False) -> str:  # fmt: skip
     """Name the mistake behind a wrong output or log-sum-exp (chapter 8).
 
+    With `sixteen_bit` inputs, a plain difference also reminds to compute the tiles in float32.
     Called only once the output or lse failed its rounding bound: the loose `close` below only
     picks the hint, so a near miss costs a less precise hint, never a wrong verdict.
     """
@@ -280,32 +318,42 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
         for hide, hint in (
             (
                 "none",
-                "it is not causal: query i also sees keys after it. Hide keys j > i (global positions).",
+                tr_mark(
+                    "it is not causal: query i also sees keys after it. Hide keys j > i (global positions)."
+                ),
             ),  # fmt: skip
             (
                 "diagonal",
-                "you hid the diagonal too: query i must see key i (the first query sees nothing else). Hide j > i, not j >= i.",
+                tr_mark(
+                    "you hid the diagonal too: query i must see key i (the first query sees nothing else). Hide j > i, not j >= i."
+                ),
             ),  # fmt: skip
-            ("one late", "the mask is one position late: query i saw key i + 1. Hide j > i."),
+            (
+                "one late",
+                tr_mark("the mask is one position late: query i saw key i + 1. Hide j > i."),
+            ),
         ):
             if close(out, _reference(*qkv, causal, hide, block)[0]):
-                return hint
+                return tr(hint)
     if close(out, _reference(*qkv, causal, "unscaled")[0]):
-        return "the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim)."
+        return tr("the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim).")
     if torch.isnan(out).any():
-        return "your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j)."  # fmt: skip
+        return tr("your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j).")  # fmt: skip
     if close(out, want):
         gap = (got_lse.detach().double() - want_lse).abs().max().item()
-        return (
+        return tr(
             "the output is right but the log-sum-exp is not: return m + log(l) per query row, "
-            f"the running max plus the log of the running sum (yours is up to {gap:.3g} away)."
-        )
+            "the running max plus the log of the running sum (yours is up to {gap:.3g} away)."
+        ).format(gap=gap)
     gap = (out - want).abs().max().item()
-    return (
-        f"your output differs from softmax(q k^T / sqrt(d)) v by up to {gap:.3g}. Per key tile: "
+    hint = tr(
+        "your output differs from softmax(q k^T / sqrt(d)) v by up to {gap:.3g}. Per key tile: "
         "m_new = max(m, rowmax(s)); scale the old l and acc by exp(m - m_new) before adding "
-        f"this tile's sums; mask with global positions; tiles of {block} queries and keys."
-    )
+        "this tile's sums; mask with global positions; tiles of {block} queries and keys."
+    ).format(gap=gap, block=block)
+    if sixteen_bit:
+        hint = tr("for 16-bit inputs compute each tile in float32 (q.float(), ...), as flash_forward does, and cast the output back at the end: {advice}").format(advice=hint)  # fmt: skip
+    return hint
 
 
 def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
@@ -313,28 +361,39 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
     copies = [(t.clone(), t._version) for t in qkv]
     with probe(name), _NoSoftmaxOrSdpa(), _Watch() as watch:
         got = fn(*qkv, causal=causal, block=block)
-    where = f"[probe: {name}] "
     expect(
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
-        where + f"return (out, lse), two tensors, not {type(got).__name__}.",
+        _at(
+            name, tr("return (out, lse), two tensors, not {kind}.").format(kind=type(got).__name__)
+        ),  # fmt: skip
     )
     out, lse = got
     q = qkv[0]
     expect(
         all(torch.equal(t, c) and t._version == n for t, (c, n) in zip(qkv, copies)),
-        where + "you changed q, k or v in place (mul_, div_, masked_fill_ on an input): the "
-        "caller's tensors must come back as they were.",
+        _at(
+            name,
+            tr(
+                "you changed q, k or v in place (mul_, div_, masked_fill_ on an input): the "
+                "caller's tensors must come back as they were."
+            ),
+        ),
     )
-    expect(out.shape == q.shape, where + f"out has shape {tuple(out.shape)}; it must be q's, {tuple(q.shape)}.")  # fmt: skip
-    expect(lse.shape == q.shape[:-1], where + f"lse has shape {tuple(lse.shape)}; one number per query row: {tuple(q.shape[:-1])}.")  # fmt: skip
-    expect(out.dtype == q.dtype, where + f"out is {out.dtype} for {q.dtype} inputs: compute in float32 if you like, then cast back (.to(q.dtype)).")  # fmt: skip
+    expect(out.shape == q.shape, _at(name, tr("out has shape {shape}; it must be q's, {want}.").format(shape=tuple(out.shape), want=tuple(q.shape))))  # fmt: skip
+    expect(lse.shape == q.shape[:-1], _at(name, tr("lse has shape {shape}; one number per query row: {want}.").format(shape=tuple(lse.shape), want=tuple(q.shape[:-1]))))  # fmt: skip
+    expect(out.dtype == q.dtype, _at(name, tr("out is {dtype} for {qdtype} inputs: compute in float32 if you like, then cast back (.to(q.dtype)).").format(dtype=out.dtype, qdtype=q.dtype)))  # fmt: skip
     work = torch.promote_types(q.dtype, torch.float32)  # the accumulation dtype, flash_forward's
     expect(
         lse.dtype == work,
-        where + f"lse is {lse.dtype} for {q.dtype} inputs: return it in the dtype you accumulate "
-        f"in, torch.promote_types(q.dtype, torch.float32), here {work} (float32 for 16- and "
-        "32-bit inputs, float64 for float64 ones): backward rebuilds every probability from it, "
-        "and the check bounds it by that dtype's rounding.",
+        _at(
+            name,
+            tr(
+                "lse is {dtype} for {qdtype} inputs: return it in the dtype you accumulate "
+                "in, torch.promote_types(q.dtype, torch.float32), here {work} (float32 for 16- and "
+                "32-bit inputs, float64 for float64 ones): backward rebuilds every probability from it, "
+                "and the check bounds it by that dtype's rounding."
+            ).format(dtype=lse.dtype, qdtype=q.dtype, work=work),
+        ),
     )
     return out, lse, watch
 
@@ -353,11 +412,8 @@ def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...]
     )
     if not ok:
         if size > 10 and not torch.isfinite(out).all():
-            raise CheckFailed(f"[probe: {name}] scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")  # fmt: skip
-        hint = _tiled_hint(out, lse, qkv, causal, block)
-        if dtype.itemsize < 4 and hint.startswith("your output differs"):
-            hint = "for 16-bit inputs compute each tile in float32 (q.float(), ...), as flash_forward does, and cast the output back at the end: " + hint  # fmt: skip
-        raise CheckFailed(f"[probe: {name}] " + hint)
+            raise CheckFailed(_at(name, tr("scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")))  # fmt: skip
+        raise CheckFailed(_at(name, _tiled_hint(out, lse, qkv, causal, block, dtype.itemsize < 4)))
     return watch
 
 
@@ -365,24 +421,34 @@ def _work_probe(fn: Callable[..., Any]) -> None:
     """No T x T tensor is ever made, and a causal run skips the key tiles after the diagonal (chapter 8)."""
     t, block = 64, 16  # head_dim 8: a tile of scores is (16, 16), of outputs (16, 8)
     for causal in (False, True):
-        name = f"T = {t}, blocks of {block}, head_dim 8, causal={causal}, what was computed"
+        name = tr("T = {t}, blocks of {block}, head_dim 8, causal={causal}, what was computed").format(t=t, block=block, causal=causal)  # fmt: skip
         watch = _tiled_value_probe(fn, name, (1, 2, t, 8), torch.float32, causal, block)
         big = [s for s in watch.shapes if len(s) >= 2 and s[-1] > block and s[-2] > block]
         if big:
             raise CheckFailed(
-                f"[probe: {name}] you made a tensor of shape {max(big, key=lambda s: s[-1] * s[-2])}: "
-                "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
-                "scores at a time."
+                _at(
+                    name,
+                    tr(
+                        "you made a tensor of shape {shape}: "
+                        "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
+                        "scores at a time."
+                    ).format(shape=max(big, key=lambda s: s[-1] * s[-2])),
+                )
             )
         tiles = sum(1 for s in watch.products if len(s) >= 2 and s[-2:] == (block, block))
         n = t // block
         most = n * (n + 1) // 2 if causal else n * n
         if causal and tiles > most:
             raise CheckFailed(
-                f"[probe: {name}] you computed {tiles} tiles of scores (q tile @ k tile^T); a "
-                f"causal run needs at most {most} ({n} query tiles x the key tiles up "
-                "to the diagonal). Stop each query tile's loop at its last query: later keys are "
-                "all hidden, and computing them doubles the work."
+                _at(
+                    name,
+                    tr(
+                        "you computed {tiles} tiles of scores (q tile @ k tile^T); a "
+                        "causal run needs at most {most} ({n} query tiles x the key tiles up "
+                        "to the diagonal). Stop each query tile's loop at its last query: later keys are "
+                        "all hidden, and computing them doubles the work."
+                    ).format(tiles=tiles, most=most, n=n),
+                )
             )
 
 
@@ -391,21 +457,22 @@ def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) 
 
     def probes() -> None:
         for helper in _HELPERS:
-            expect(helper not in names_used(fn), f"you called {helper}, which does the exercise for you: write the tile loop.")  # fmt: skip
+            expect(helper not in names_used(fn), tr("you called {helper}, which does the exercise for you: write the tile loop.").format(helper=helper))  # fmt: skip
         cases = (
-            ("float64, T = 40 (2 tiles of 16 + 8)", (2, 3, 40, 8), torch.float64, 16),
-            ("float32, T = 64, head_dim 32", (1, 2, 64, 32), torch.float32, 16),
-            ("T = 5, shorter than one tile", (1, 1, 5, 4), torch.float32, 16),
-            ("tiles of one position", (1, 2, 7, 4), torch.float64, 1),
-            ("bfloat16 inputs", (2, 2, 24, 16), torch.bfloat16, 8),
+            (tr("float64, T = 40 (2 tiles of 16 + 8)"), (2, 3, 40, 8), torch.float64, 16),
+            (tr("float32, T = 64, head_dim 32"), (1, 2, 64, 32), torch.float32, 16),
+            (tr("T = 5, shorter than one tile"), (1, 1, 5, 4), torch.float32, 16),
+            (tr("tiles of one position"), (1, 2, 7, 4), torch.float64, 1),
+            (tr("bfloat16 inputs"), (2, 2, 24, 16), torch.bfloat16, 8),
         )
         for causal in (True, False):
             for name, shape, dtype, block in cases:
-                _tiled_value_probe(fn, f"{name}, causal={causal}", shape, dtype, causal, block)
-        _tiled_value_probe(fn, "scores of about 100, float32, causal", (1, 2, 32, 16), torch.float32, True, 8, size=100.0)  # fmt: skip
+                at = tr("{name}, causal={causal}").format(name=name, causal=causal)
+                _tiled_value_probe(fn, at, shape, dtype, causal, block)
+        _tiled_value_probe(fn, tr("scores of about 100, float32, causal"), (1, 2, 32, 16), torch.float32, True, 8, size=100.0)  # fmt: skip
         _work_probe(fn)
 
-    return run_check("Exercise 2, the tiled attention forward", probes)
+    return run_check(tr("Exercise 2, the tiled attention forward"), probes)
 
 
 # --- exercise 5 (stretch): the backward as Triton kernels ----------------------------------------
@@ -419,9 +486,11 @@ class _NoTorchMatmul(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if getattr(func, "__name__", "") in self.NAMES:
             raise CheckFailed(
-                f"you called torch's {func.__name__}: the products of the backward belong in the "
-                "Triton kernel (tl.dot). PyTorch may only allocate the outputs and compute "
-                "D = rowsum(dO * O)."
+                tr(
+                    "you called torch's {name}: the products of the backward belong in the "
+                    "Triton kernel (tl.dot). PyTorch may only allocate the outputs and compute "
+                    "D = rowsum(dO * O)."
+                ).format(name=func.__name__)
             )
         return func(*args, **(kwargs or {}))
 
@@ -436,31 +505,33 @@ def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool
     g = torch.Generator().manual_seed(sum(shape))
     q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
     out, lse = flash_forward(q, k, v, causal)
-    name = f"shape {shape}, causal={causal}"
+    name = tr("shape {shape}, causal={causal}").format(shape=shape, causal=causal)
     with probe(name), _NoTorchMatmul():
         got = fn(q, k, v, out, lse, dout, causal)
-    expect(isinstance(got, tuple) and len(got) == 3, f"[probe: {name}] return (dq, dk, dv).")
+    expect(isinstance(got, tuple) and len(got) == 3, _at(name, tr("return (dq, dk, dv).")))
     want = flash_backward(q, k, v, out, lse, dout, causal)
     bound = rounding_bound(q, k, v, dout, causal)
     for part, gp, w in zip(("dq", "dk", "dv"), got, want):
-        expect(isinstance(gp, torch.Tensor) and gp.shape == q.shape, f"[probe: {name}] {part} must be a tensor shaped like q.")  # fmt: skip
+        expect(isinstance(gp, torch.Tensor) and gp.shape == q.shape, _at(name, tr("{part} must be a tensor shaped like q.").format(part=part)))  # fmt: skip
         ratio = ((gp.double().cpu() - w.double().cpu()).abs() / (2 * bound[part])).max().item()
         if not ratio <= 1:
             hints = {
-                "dv": "dV = P^T dO, P = exp(s - lse) recomputed per tile (hidden keys 0).",
-                "dq": "dQ = dS K / sqrt(d), dS = P * (dO V^T - D), D = rowsum(dO * O).",
-                "dk": "dK = dS^T Q / sqrt(d), summed over every query tile that sees the key tile.",  # fmt: skip
+                "dv": tr("dV = P^T dO, P = exp(s - lse) recomputed per tile (hidden keys 0)."),
+                "dq": tr("dQ = dS K / sqrt(d), dS = P * (dO V^T - D), D = rowsum(dO * O)."),
+                "dk": tr(
+                    "dK = dS^T Q / sqrt(d), summed over every query tile that sees the key tile."
+                ),  # fmt: skip
             }
-            raise CheckFailed(f"[probe: {name}] {part} is off by {ratio:.3g} x the rounding bound: {hints[part]}")  # fmt: skip
+            raise CheckFailed(_at(name, tr("{part} is off by {ratio:.3g} x the rounding bound: {advice}").format(part=part, ratio=ratio, advice=hints[part])))  # fmt: skip
 
 
 def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckResult:
     """Exercise 5 (stretch): the attention backward as Triton kernels, equal to flash_backward's (chapter 8)."""
-    title = "Exercise 5, the backward in Triton"
+    title = tr("Exercise 5, the backward in Triton")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     status = triton_status(device)
     if not status.runs:
-        print(f"⏭ {title}: skipped, Triton cannot run here: {status}")
+        print("⏭ " + tr("{title}: skipped, Triton cannot run here: {status}").format(title=title, status=status))  # fmt: skip
         return CheckResult(title, SKIP, str(status))
     if status.mode == "interpreter":
         device = torch.device("cpu")
@@ -469,9 +540,11 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
         for helper in _BACKWARD_HELPERS:
             expect(
                 helper not in names_used(fn),
-                f"you called {helper}, which computes the backward in PyTorch: the products "
-                "belong in your Triton kernels (tl.dot); PyTorch may only allocate the outputs "
-                "and compute D = rowsum(dO * O).",
+                tr(
+                    "you called {helper}, which computes the backward in PyTorch: the products "
+                    "belong in your Triton kernels (tl.dot); PyTorch may only allocate the outputs "
+                    "and compute D = rowsum(dO * O)."
+                ).format(helper=helper),
             )
         for causal in (False, True):
             for shape in ((1, 2, 40, 16), (2, 1, 64, 32)):

@@ -40,6 +40,7 @@ from helpers.checks import (
 )
 from helpers.checks.ch04 import is_stub, launched_ranks, payload
 from helpers.comm_overlap import allreduce_rounding_bound
+from helpers.i18n import tr, tr_mark
 from helpers.launch import launch, new_run_dir, read_results
 from helpers.scripts import ch08_exercise_check as task
 from helpers.scripts.common import Context, teardown
@@ -77,7 +78,7 @@ def run_at_world_one(fn: Callable, name: str) -> dict[str, Any]:
         return {}
     folder = Path(tempfile.mkdtemp(prefix=f"course_ch08_exercise_{name}_"))
     try:
-        with one_rank_world(folder), probe("1 rank, in this process"):
+        with one_rank_world(folder), probe(tr("1 rank, in this process")):
             return task.run_task(name, Context(0, 1, 0, "gloo", torch.device("cpu")), fn)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -99,20 +100,31 @@ def run_on_launched_ranks(fn: Callable, name: str, world: int) -> list[dict[str,
         )  # fmt: skip
         if not res.ok:
             tail = "\n".join(res.lines[-15:])
-            raise CheckFailed(f"the {world}-rank run failed. {res.message}\nLast lines:\n{tail}")
+            raise CheckFailed(
+                tr("the {world}-rank run failed. {message}\nLast lines:\n{tail}").format(
+                    world=world, message=res.message, tail=tail
+                )
+            )
         results = read_results(out, world)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if any(r["status"] == "todo" for r in results):
         raise NotDoneYet
     errors = [r["error"] for r in results if r["status"] == "error"]
-    expect(not errors, f"[probe: {world} ranks] your function raised on the ranks: {errors[:1]}")
+    expect(
+        not errors,
+        tr("[probe: {world} ranks] your function raised on the ranks: {errors}").format(
+            world=world, errors=errors[:1]
+        ),
+    )
     return results
 
 
 def _where(world: int, rank: int) -> str:
     """'[probe: 3 ranks, rank 1] ' or '[probe: 1 rank] ' (chapter 8)."""
-    return f"[probe: {world} ranks, rank {rank}] " if world > 1 else "[probe: 1 rank] "
+    if world > 1:
+        return tr("[probe: {world} ranks, rank {rank}] ").format(world=world, rank=rank)
+    return tr("[probe: 1 rank] ")
 
 
 def launched_worlds() -> list[int]:
@@ -147,30 +159,31 @@ def _close(got: list[torch.Tensor], want: Mean, scale: float = 1.0) -> bool:
     )
 
 
-_NOT_OVERLAPPED = (
+#: The hints of the order-of-work mistakes, in English (tr() them where they are shown).
+_NOT_OVERLAPPED = tr_mark(
     "no all-reduce started during backward: the point is to send each gradient while backward "
     "is still computing the earlier layers. Register p.register_post_accumulate_grad_hook(hook) "
     "on every parameter and start dist.all_reduce(p.grad, async_op=True) inside the hook; "
     "finish() only waits."
 )
-_BLOCKING = (
+_BLOCKING = tr_mark(
     "an all-reduce inside backward was blocking (async_op=False): backward stops until it is "
     "done, so nothing overlaps. Pass async_op=True in the hook, keep the work it returns, and "
     "call work.wait() in finish()."
 )
-_TOO_EARLY = (
+_TOO_EARLY = tr_mark(
     "an all-reduce started before the gradient was accumulated into p.grad: a hook from "
     "p.register_hook(...) gets the incoming gradient, which autograd has not yet added to "
     "p.grad (so what you reduce is not what lands in .grad). Use "
     "p.register_post_accumulate_grad_hook(hook), which runs once p.grad is complete, and "
     "all-reduce p.grad."
 )
-_COPY = (
+_COPY = tr_mark(
     "an all-reduce was given a copy of p.grad (p.grad.clone(), p.grad.to(...), a new tensor "
     "filled from it): all-reduce p.grad itself, in place, so the sum lands where the optimizer "
     "reads it, with no extra copy of every gradient: dist.all_reduce(p.grad, async_op=True)."
 )
-_NO_WAIT = (
+_NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
     "work the hooks started, before dividing; without it the gradient may still be in flight "
     "when the optimizer reads it."
@@ -181,18 +194,21 @@ def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     """The order of work of one step: in backward, async, on p.grad, waited, once each (chapter 8)."""
     calls = [c for c in step["calls"] if c["op"] == "all_reduce"]
     during = [c for c in calls if c["in backward"]]
-    expect(during, at + _NOT_OVERLAPPED)
-    expect(all(c["async"] for c in during), at + _BLOCKING)
-    expect(not [c for c in during if c["a copy of a grad"]], at + _COPY)
-    expect(not [c for c in during if c["param shape"] and not c["is a grad"]], at + _TOO_EARLY)
+    expect(during, at + tr(_NOT_OVERLAPPED))
+    expect(all(c["async"] for c in during), at + tr(_BLOCKING))
+    expect(not [c for c in during if c["a copy of a grad"]], at + tr(_COPY))
+    expect(not [c for c in during if c["param shape"] and not c["is a grad"]], at + tr(_TOO_EARLY))
     unwaited = [c for c in calls if c["async"] and not c["waited"]]
-    expect(not unwaited, at + _NO_WAIT.format(n=len(unwaited)))
+    expect(not unwaited, at + tr(_NO_WAIT).format(n=len(unwaited)))
     per_grad = sum(c["param shape"] for c in calls)
     expect(
         per_grad <= params,
-        at + f"{per_grad} all-reduces of parameter-shaped tensors for {params} parameters: "
-        "each gradient was reduced more than once (in the hook and again in finish()?). "
-        "Reduce each once, in its hook.",
+        at
+        + tr(
+            "{per_grad} all-reduces of parameter-shaped tensors for {params} parameters: "
+            "each gradient was reduced more than once (in the hook and again in finish()?). "
+            "Reduce each once, in its hook."
+        ).format(per_grad=per_grad, params=params),
     )
 
 
@@ -201,33 +217,49 @@ def _expect_overlap_values(results: list[dict], rank: int) -> None:
     world = len(results)
     at = _where(world, rank)
     for step, got in enumerate(results[rank]["steps"]):
-        ref, where = exact_mean(results, step), at + f"step {step + 1}: "
-        expect(got["grads"] is not None, where + "a parameter has no gradient after finish().")
+        ref, where = exact_mean(results, step), at + tr("step {step}: ").format(step=step + 1)
+        expect(got["grads"] is not None, where + tr("a parameter has no gradient after finish()."))
         g = got["grads"]
         if world > 1 and not _close(g, ref):
             expect(
                 not _close(g, ref, world),
-                where + f"the gradients are {world}x too large: all_reduce sums, so divide by "
-                "dist.get_world_size() once, in finish() after the wait.",
+                where
+                + tr(
+                    "the gradients are {world}x too large: all_reduce sums, so divide by "
+                    "dist.get_world_size() once, in finish() after the wait."
+                ).format(world=world),
             )
-            again = "averaged twice" if step == 0 else "averaged again in the second step"
+            again = (
+                tr_mark("averaged twice")
+                if step == 0
+                else tr_mark("averaged again in the second step")
+            )
             expect(
                 not _close(g, ref, 1 / world),
-                where + f"the gradients are {world}x too small: {again}. Divide once, and let "
-                "finish() forget the works it waited for (clear its list), so that the next "
-                "step does not divide them again.",
+                where
+                + tr(
+                    "the gradients are {world}x too small: {again}. Divide once, and let "
+                    "finish() forget the works it waited for (clear its list), so that the next "
+                    "step does not divide them again."
+                ).format(world=world, again=tr(again)),
             )
         expect(
             _close(g, ref) or step == 0,
-            where + "the first step was right and this one is not: finish() must forget the "
-            "works it waited for (clear its list), or the next step waits for and divides "
-            "stale entries again, racing with the new all-reduces.",
+            where
+            + tr(
+                "the first step was right and this one is not: finish() must forget the "
+                "works it waited for (clear its list), or the next step waits for and divides "
+                "stale entries again, racing with the new all-reduces."
+            ),
         )
         expect(
             _close(g, ref),
-            where + "the gradients differ from the mean of the ranks' gradients by more than "
-            "an fp32 all-reduce's rounding: all-reduce every p.grad once (async, in its hook), "
-            "wait for each work in finish(), then divide by dist.get_world_size().",
+            where
+            + tr(
+                "the gradients differ from the mean of the ranks' gradients by more than "
+                "an fp32 all-reduce's rounding: all-reduce every p.grad once (async, in its hook), "
+                "wait for each work in finish(), then divide by dist.get_world_size()."
+            ),
         )
 
 
@@ -236,14 +268,20 @@ def _expect_setup(setup: list[dict], at: str) -> None:
     others = sorted({c["op"] for c in setup if c["op"] != "broadcast"})
     expect(
         not others,
-        at + f"your function called {', '.join(others)} before any backward: overlap_hooks only "
-        "registers the hooks and returns finish (a dist.broadcast of the parameters from rank 0, "
-        "as DDP does when it wraps a model, is the one collective allowed there).",
+        at
+        + tr(
+            "your function called {ops} before any backward: overlap_hooks only "
+            "registers the hooks and returns finish (a dist.broadcast of the parameters from rank 0, "
+            "as DDP does when it wraps a model, is the one collective allowed there)."
+        ).format(ops=", ".join(others)),
     )
     expect(
         all(c["waited"] for c in setup if c["async"]),
-        at + "an async broadcast in overlap_hooks was never waited for: call work.wait() on it "
-        "(or broadcast with async_op=False) before returning.",
+        at
+        + tr(
+            "an async broadcast in overlap_hooks was never waited for: call work.wait() on it "
+            "(or broadcast with async_op=False) before returning."
+        ),
     )
 
 
@@ -252,13 +290,16 @@ def _expect_overlapped(results: list[dict], rank: int) -> None:
     res, at = results[rank], _where(len(results), rank)
     expect(
         res["finish callable"],
-        at + "return a function finish() that waits for the all-reduces and divides; "
-        "the check calls it after every backward.",
+        at
+        + tr(
+            "return a function finish() that waits for the all-reduces and divides; "
+            "the check calls it after every backward."
+        ),
     )
-    expect(not res["moved"], at + "the weights changed: average the gradients only, no step.")
+    expect(not res["moved"], at + tr("the weights changed: average the gradients only, no step."))
     _expect_setup(res["setup calls"], at)
     for step, got in enumerate(res["steps"]):
-        _expect_overlap_calls(got, res["params"], at + f"step {step + 1}: ")
+        _expect_overlap_calls(got, res["params"], at + tr("step {step}: ").format(step=step + 1))
     _expect_overlap_values(results, rank)
 
 
@@ -274,7 +315,7 @@ def check_overlap_hooks(overlap_hooks: Callable[[nn.Module], Callable[[], None]]
             for r in range(world):
                 _expect_overlapped(results, r)
 
-    return run_check("Exercise 3, all-reduce overlapped with backward", probes)
+    return run_check(tr("Exercise 3, all-reduce overlapped with backward"), probes)
 
 
 def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
@@ -282,22 +323,31 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
     ops = [c["op"] for c in step["calls"]]
     expect(
         "all_reduce" not in ops,
-        at + "you all-reduced: the gradients arrive averaged already (DDP did it), and the "
-        "exercise allows no all-reduce. A ZeRO-1 step only steps this rank's piece and "
-        "all-gathers the pieces.",
+        at
+        + tr(
+            "you all-reduced: the gradients arrive averaged already (DDP did it), and the "
+            "exercise allows no all-reduce. A ZeRO-1 step only steps this rank's piece and "
+            "all-gathers the pieces."
+        ),
     )
-    expect("step" in ops, at + "optimizer.step() was never called: it updates your shard.")
+    expect("step" in ops, at + tr("optimizer.step() was never called: it updates your shard."))
     gathers = [i for i, op in enumerate(ops) if op.startswith("all_gather")]
     if world > 1:
         expect(
             gathers,
-            at + "no all-gather: the other ranks' updated pieces never reached this rank. "
-            "dist.all_gather(pieces, shard) after optimizer.step(), then write them back.",
+            at
+            + tr(
+                "no all-gather: the other ranks' updated pieces never reached this rank. "
+                "dist.all_gather(pieces, shard) after optimizer.step(), then write them back."
+            ),
         )
     expect(
         not gathers or gathers[-1] > ops.index("step"),
-        at + "you all-gathered before optimizer.step(): the pieces you sent were the old ones. "
-        "Step first, then gather.",
+        at
+        + tr(
+            "you all-gathered before optimizer.step(): the pieces you sent were the old ones. "
+            "Step first, then gather."
+        ),
     )
 
 
@@ -312,14 +362,20 @@ def _expect_zero1_values(step: dict, at: str) -> None:
     before, after, want = step["before"], step["after"], step["want"]
     expect(
         step["shard moved"],
-        at + "the shard did not change: set shard.grad to this rank's piece of the flat gradient "
-        "(the gradients of all parameters, flattened, zero-padded to world x shard.numel()) "
-        "before optimizer.step().",
+        at
+        + tr(
+            "the shard did not change: set shard.grad to this rank's piece of the flat gradient "
+            "(the gradients of all parameters, flattened, zero-padded to world x shard.numel()) "
+            "before optimizer.step()."
+        ),
     )
     expect(
         not torch.equal(after, before),
-        at + "the parameters did not change: write the gathered pieces back into every "
-        "parameter (in place, under torch.no_grad()).",
+        at
+        + tr(
+            "the parameters did not change: write the gathered pieces back into every "
+            "parameter (in place, under torch.no_grad())."
+        ),
     )
     worst = (after - want).abs().max().item()
     # rounding a value to float32 moves it by at most eps32 / 2 of itself: within eps32, the
@@ -327,24 +383,33 @@ def _expect_zero1_values(step: dict, at: str) -> None:
     through_float32 = bool(((after - want).abs() <= torch.finfo(torch.float32).eps * want.abs()).all())  # fmt: skip
     expect(
         worst == 0 or step["dtype"] != "torch.float64" or not through_float32,
-        at + f"the parameters differ from full Adam's by {worst:.2g}, a float32 rounding error "
-        "in a float64 model: keep the parameters' dtype (create buffers with torch.empty_like "
-        "or the shard's dtype), so nothing passes through float32.",
+        at
+        + tr(
+            "the parameters differ from full Adam's by {worst:.2g}, a float32 rounding error "
+            "in a float64 model: keep the parameters' dtype (create buffers with torch.empty_like "
+            "or the shard's dtype), so nothing passes through float32."
+        ).format(worst=worst),
     )
     start, stop = step["shard"]
     mine = slice(start, min(stop, want.numel()))
     expect(
         torch.equal(after[mine], want[mine]),
-        at + f"this rank's own piece (elements {start}..{stop - 1} of the flat vector) differs "
-        "from full Adam's: its gradient is elements rank*s .. (rank+1)*s of the flat gradient, "
-        "s = shard.numel().",
+        at
+        + tr(
+            "this rank's own piece (elements {first}..{last} of the flat vector) differs "
+            "from full Adam's: its gradient is elements rank*s .. (rank+1)*s of the flat gradient, "
+            "s = shard.numel()."
+        ).format(first=start, last=stop - 1),
     )
     expect(
         worst == 0,
-        at + f"this rank's own piece is right, but another rank's differs from full Adam's by "
-        f"up to {worst:.2g}: each rank steps its own piece of the gradient (elements rank*s .. "
-        "(rank+1)*s, with its own dist.get_rank()), and the gathered pieces, in rank order, "
-        "are the flat vector: drop the padding and copy it back parameter by parameter.",
+        at
+        + tr(
+            "this rank's own piece is right, but another rank's differs from full Adam's by "
+            "up to {worst:.2g}: each rank steps its own piece of the gradient (elements rank*s .. "
+            "(rank+1)*s, with its own dist.get_rank()), and the gathered pieces, in rank order, "
+            "are the flat vector: drop the padding and copy it back parameter by parameter."
+        ).format(worst=worst),
     )
 
 
@@ -352,7 +417,7 @@ def _expect_zero1(res: dict, world: int, rank: int) -> None:
     """Both dtypes and both steps of one rank's ZeRO-1 run (chapter 8)."""
     for dtype, steps in (("float32", res["float32"]), ("float64", res["float64"])):
         for i, step in enumerate(steps):
-            at = _where(world, rank) + f"{dtype}, step {i + 1}: "
+            at = _where(world, rank) + tr("{dtype}, step {step}: ").format(dtype=dtype, step=i + 1)
             _expect_zero1_calls(step, world, at)
             _expect_zero1_values(step, at)
 
@@ -368,4 +433,4 @@ def check_zero1_step(zero1_step: Callable[..., None]) -> CheckResult:
             for r, res in enumerate(run_on_launched_ranks(zero1_step, "zero1_step", world)):
                 _expect_zero1(res, world, r)
 
-    return run_check("Exercise 4, a ZeRO-1 step", probes)
+    return run_check(tr("Exercise 4, a ZeRO-1 step"), probes)

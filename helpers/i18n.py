@@ -1,0 +1,91 @@
+"""The language the checkers and the helpers' verdicts print in: English, or Simplified Chinese
+from a gettext catalog (chapter 1).
+
+English is the source text. A Chinese notebook's setup cell calls ``set_language("zh_CN")``;
+from then on every message written as ``tr("...")`` comes from
+``helpers/locale/zh_CN/LC_MESSAGES/helpers.mo``, compiled by ``tools/translate.py`` from the
+catalogs in ``i18n/zh_CN/helpers/``. A message with placeholders is translated first and
+formatted after: ``tr("expected {want}, got {got}").format(want=..., got=...)``. The choice is
+also put in ``COURSE_LANG``, so processes the notebook starts (torchrun's ranks) speak it too.
+"""
+
+from __future__ import annotations
+
+import gettext
+import os
+from pathlib import Path
+
+LOCALE_DIR = Path(__file__).resolve().parent / "locale"
+DOMAIN = "helpers"
+LANGUAGES = ("en", "zh_CN")
+ENV = "COURSE_LANG"
+_active: dict[str, object] = {}
+
+
+def set_language(lang: str) -> str:
+    """Print checks and verdicts in `lang` ('en' or 'zh_CN') from now on; returns it (chapter 1)."""
+    if lang not in LANGUAGES:
+        raise ValueError(
+            f"set_language({lang!r}): the course speaks {', '.join(map(repr, LANGUAGES))}. "
+            "Use 'zh_CN' for Simplified Chinese, 'en' for English."
+        )
+    os.environ[ENV] = lang
+    _active.clear()
+    if lang != "en":  # plot titles may carry a translated verdict: draw it with a CJK font
+        use_cjk_font()
+    return lang
+
+
+def language() -> str:
+    """The language checks and verdicts print in: COURSE_LANG, else English (chapter 1)."""
+    lang = os.environ.get(ENV, "en")
+    return lang if lang in LANGUAGES else "en"
+
+
+def _catalog() -> gettext.NullTranslations:
+    """The compiled catalog of the current language, loaded once per language (chapter 1)."""
+    lang = language()
+    if _active.get("lang") != lang:
+        _active["lang"] = lang
+        _active["catalog"] = (
+            gettext.NullTranslations()
+            if lang == "en"
+            else gettext.translation(DOMAIN, LOCALE_DIR, languages=[lang])
+        )
+    return _active["catalog"]  # type: ignore[return-value]
+
+
+def tr(message: str) -> str:
+    """`message` in the current language: the English itself, or its translation (chapter 1)."""
+    return _catalog().gettext(message)
+
+
+def tr_mark(message: str) -> str:
+    """Mark `message` for the catalog without translating it now (tr() it where it is printed) (chapter 1)."""
+    return message
+
+
+#: Fonts with Chinese glyphs, in order of preference (Linux, macOS, Windows).
+CJK_FONTS = (
+    "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei", "PingFang SC", "Heiti SC", "Hiragino Sans GB", "Microsoft YaHei", "SimHei",
+)  # fmt: skip
+
+
+def use_cjk_font() -> str | None:
+    """Let plots draw Chinese: an installed CJK font goes first in matplotlib's sans-serif list (chapter 1).
+
+    Returns the font's name, or None when none is installed (Chinese in a plot title then shows
+    as empty boxes: install one, e.g. Debian's fonts-noto-cjk).
+    """
+    from matplotlib import font_manager, rcParams
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    found = next((name for name in CJK_FONTS if name in installed), None)
+    if found is not None:
+        rcParams["font.sans-serif"] = [
+            found,
+            *[f for f in rcParams["font.sans-serif"] if f != found],
+        ]
+        rcParams["font.family"] = "sans-serif"
+    return found
