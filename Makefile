@@ -11,6 +11,9 @@
 #                        and with the oldest one requirements.txt allows (CI runs both)
 #   make set-repo REPO=https://github.com/ORG/NAME BRANCH=main   teach from your fork: every
 #                        Colab badge, setup cell and link points at it (tools/set_repo.py)
+#   make lab-zh          the course in Simplified Chinese (zh/), in JupyterLab in Chinese
+#   make translate       update the Chinese catalogs (i18n/zh_CN/) from the English notebooks
+#                        and helpers, then write zh/ and the compiled helpers catalog
 #
 # Which torch gets installed:
 #   make lab                 -> torch from PyPI within requirements.txt's range: a CUDA build on
@@ -59,6 +62,13 @@ NEWEST_PIP_ENV ?= PIP_CONFIG_FILE=/dev/null
 LANE_ARGS ?= --all --no-html --timeout 600
 # gpu-check runs with $(PYTHON)'s own environment: no venv, nothing downloaded.
 GPU_CHECK_ARGS ?=
+# The Chinese chapter `make test` runs in full under nbval (every Chinese notebook's code is its
+# English notebook's, tested there; tests/test_translate.py checks that byte for byte).
+ZH_NBVAL ?= zh/notebooks/01_devices.ipynb
+# JupyterLab's own interface in Chinese for `make lab-zh`: its language pack, and a settings
+# folder of its own that selects it, so `make lab` stays in English.
+ZH_LAB_PACK ?= jupyterlab-language-pack-zh-CN
+ZH_LAB_SETTINGS = .jupyter-zh/user-settings
 # set-repo: the fork to point the course at, and its branch (empty: keep the current branch).
 REPO ?=
 BRANCH ?=
@@ -69,7 +79,7 @@ root_flag = $(if $(filter 0,$(shell id -u)),--allow-root,)
 NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
-.PHONY: help lab test test-widgets7 browser-test instructor lint format notebooks-clean \
+.PHONY: help lab lab-zh translate test test-widgets7 browser-test instructor lint format notebooks-clean \
 	exercises unit notebooks-test clean gpu-check test-torch-newest test-torch-oldest set-repo
 
 help: ## list the commands
@@ -108,13 +118,25 @@ $(OLDEST_VENV)/.installed: requirements.txt pyproject.toml
 lab: $(VENV)/.installed ## install everything into .venv, then open the course in JupyterLab
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) $(root_flag) notebooks/01_devices.ipynb
 
+lab-zh: $(VENV)/.installed ## the Chinese edition (zh/) in JupyterLab with its interface in Chinese
+	$(VENV)/bin/python -m pip install --quiet "$(ZH_LAB_PACK)"
+	mkdir -p $(ZH_LAB_SETTINGS)/@jupyterlab/translation-extension
+	printf '{\n  "locale": "zh_CN"\n}\n' > $(ZH_LAB_SETTINGS)/@jupyterlab/translation-extension/plugin.jupyterlab-settings
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
+		--LabApp.user_settings_dir=$(CURDIR)/$(ZH_LAB_SETTINGS) $(root_flag) zh/notebooks/01_devices.ipynb
+
+translate: $(TEST_VENV)/.installed ## update i18n/zh_CN/ from the English notebooks and helpers, write zh/ and the helpers' .mo
+	$(TEST_VENV)/bin/python tools/translate.py
+	$(TEST_VENV)/bin/python tools/translate.py --stats
+
 test: $(TEST_VENV)/.installed ## install everything into .venv-test, then lint + all tests + all notebooks + browser
 	bash tools/ensure_chromium.sh
 	$(TEST_VENV)/bin/ruff check $(LINT_DIRS)
 	$(TEST_VENV)/bin/ruff format --check helpers tests tools benchmarks
 	$(TEST_VENV)/bin/python tools/make_exercises.py --check
 	$(TEST_VENV)/bin/python tools/clean_notebooks.py --check
-	$(TEST_VENV)/bin/python -m pytest tests $(NB_DIRS) --nbval-lax --nbval-current-env \
+	$(TEST_VENV)/bin/python tools/translate.py --check
+	$(TEST_VENV)/bin/python -m pytest tests $(NB_DIRS) $(ZH_NBVAL) --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=600 --timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
 
 test-widgets7: $(W7_VENV)/.installed ## the notebooks with widgets, widget tests and browser self-test with ipywidgets 7.7.1 (Colab's)

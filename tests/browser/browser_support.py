@@ -89,7 +89,7 @@ def free_port() -> int:
 
 def make_lab_root(dest: Path) -> None:
     """Copy the notebook folders into dest and add the widget self-test notebook."""
-    for name in nbfiles.NOTEBOOK_DIRS:
+    for name in (*nbfiles.NOTEBOOK_DIRS, "zh"):  # zh/: the Chinese edition
         if (ROOT / name).is_dir():
             shutil.copytree(
                 ROOT / name, dest / name, ignore=shutil.ignore_patterns(".*", "runs", "__pycache__")

@@ -6,7 +6,8 @@ chapter has a widget): open it, run all cells from the Run menu, wait for the ke
 idle, and assert that every code cell ran without an error output. For widget notebooks:
 assert the controls rendered as controls (not as text), press Run, change one control (a
 slider where there is one), press Run again, and assert that the status line and the plot
-image changed and the kernel went idle again. A screenshot of each notebook, and the
+image changed and the kernel went idle again. Chapter 1 runs in its Chinese edition (the same
+code), which must also show Chinese text and Chinese output. A screenshot of each notebook, and the
 notebook as executed in the browser, are saved under artifacts/browser/.
 
 Set BROWSER_RUN_ALL_TIMEOUT / BROWSER_WIDGET_TIMEOUT (seconds) on a slow machine.
@@ -26,7 +27,14 @@ from browser_support import ARTIFACTS, SELFTEST, Lab, widget_notebooks
 RUN_ALL_TIMEOUT = float(os.environ.get("BROWSER_RUN_ALL_TIMEOUT", "900"))
 WIDGET_TIMEOUT = float(os.environ.get("BROWSER_WIDGET_TIMEOUT", "300"))
 TEMPLATE = "templates/chapter_template.ipynb"
-WIDGET_NOTEBOOKS = [SELFTEST, *widget_notebooks()]
+ZH_CHAPTER = "zh/notebooks/01_devices.ipynb"  # the Chinese chapter the browser runs
+CJK = re.compile(r"[\u4e00-\u9fff]")
+# The Chinese chapter stands in for its English twin: the same code, byte for byte
+# (tests/test_translate.py), so the browser checks its widgets and its language in one run.
+WIDGET_NOTEBOOKS = [
+    SELFTEST,
+    *(ZH_CHAPTER if rel == ZH_CHAPTER.removeprefix("zh/") else rel for rel in widget_notebooks()),
+]
 # What an ipywidget looks like when no widget renderer is installed: its text repr.
 WIDGET_AS_TEXT = re.compile(
     r"^(VBox|HBox|Box|GridBox|Tab|Accordion|Output|Button|HTML|Label|Checkbox|Dropdown|"
@@ -272,6 +280,11 @@ def test_template_runs_in_jupyterlab(page: Any, lab: Lab) -> None:
 @pytest.mark.timeout(RUN_ALL_TIMEOUT + 4 * WIDGET_TIMEOUT)
 @pytest.mark.parametrize("rel", WIDGET_NOTEBOOKS)
 def test_widget_notebook_in_jupyterlab(page: Any, lab: Lab, rel: str) -> None:
+    run_widget_notebook(page, lab, rel)
+
+
+def run_widget_notebook(page: Any, lab: Lab, rel: str) -> None:
+    """Open `rel`, run it all, press every widget's Run, change a control, press Run again."""
     try:
         open_notebook(page, lab, rel)
         run_all(page)
@@ -307,8 +320,21 @@ def test_widget_notebook_in_jupyterlab(page: Any, lab: Lab, rel: str) -> None:
                 i,
             )
         assert_ran_cleanly(page, rel)
+        if rel.startswith("zh/"):
+            assert_chinese(page, rel)
     finally:
         save_artifacts(page, rel)
+
+
+def assert_chinese(page: Any, rel: str) -> None:
+    """The notebook's text and what its helpers printed are in Chinese."""
+    prose = page.locator(".jp-MarkdownOutput").all_inner_texts()
+    chinese = [t for t in prose if CJK.search(t)]
+    assert prose and len(chinese) >= 0.8 * len(prose), (
+        f"{rel}: only {len(chinese)} of {len(prose)} markdown cells show Chinese"
+    )
+    outputs = " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+    assert CJK.search(outputs), f"{rel}: no output in Chinese (did set_language run?)"
 
 
 def test_only_127_0_0_1_is_reachable(page: Any, lab: Lab) -> None:

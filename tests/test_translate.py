@@ -1,0 +1,279 @@
+"""The Chinese edition (tools/translate.py): complete catalogs, zh/ in sync, code unchanged,
+the glossary followed, and an English change that fails the check until it is translated."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from pathlib import Path
+
+import polib
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import translate  # noqa: E402
+
+import nbfiles  # noqa: E402
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+ENGLISH = translate.sources()
+
+
+def test_every_message_translated_and_zh_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
+    code = translate.run(None, check=True, stats=False)
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("english", ENGLISH, ids=lambda p: p.name)
+def test_chinese_notebook_has_the_same_cells_and_code(english: Path) -> None:
+    zh_path = translate.output_path(english)
+    en, zh = nbfiles.read(english), nbfiles.read(zh_path)
+    assert [(c.id, c.cell_type) for c in en.cells] == [(c.id, c.cell_type) for c in zh.cells]
+    for a, b in zip(en.cells, zh.cells):
+        if a.cell_type != "code":
+            continue
+        zh_code = b.source
+        if a.source.startswith(translate.SETUP_MARK):  # the one addition: set_language("zh_CN")
+            added = "\n" + translate.SET_LANGUAGE.rstrip("\n")
+            assert zh_code.endswith(added), (
+                f"{zh_path} {b.id}: the setup cell must end with set_language"
+            )
+            zh_code = zh_code[: -len(added)]
+        assert without_comments(a.source) == without_comments(zh_code), (
+            f"{zh_path} {b.id}: code differs"
+        )
+
+
+def without_comments(source: str) -> list[str]:
+    """The cell's lines with every comment message removed (pragmas kept), blank lines dropped."""
+    lines = source.split("\n")
+    for c in reversed(translate.comments(source)):
+        if c.trailing:
+            lines[c.first] = lines[c.first][: c.col].rstrip()
+        else:
+            del lines[c.first : c.last + 1]
+    return [line for line in lines if line.strip()]
+
+
+@pytest.mark.parametrize("english", ENGLISH, ids=lambda p: p.name)
+def test_markdown_is_chinese_and_the_badge_points_at_the_copy(english: Path) -> None:
+    zh = nbfiles.read(translate.output_path(english))
+    title = zh.cells[0].source
+    rel = english.relative_to(ROOT).as_posix()
+    assert f"/blob/main/zh/{rel})" in title, title
+    for cell in zh.cells:
+        if cell.cell_type == "markdown" and re.search(r"[A-Za-z]{4,}", cell.source):
+            prose = translate.CODE_SPAN.sub("", translate.LINK_TARGET.sub("", cell.source))
+            if re.search(r"[a-z]{3,} [a-z]{3,} [a-z]{3,}", prose):
+                assert CJK.search(prose), f"{english.name} {cell.id}: no Chinese in {prose[:200]!r}"
+
+
+def glossary() -> list[tuple[str, str]]:
+    """(English term, Chinese term) rows of i18n/zh_CN/GLOSSARY.md (alternatives: 'a / b')."""
+    rows = []
+    for line in (translate.CATALOGS / "GLOSSARY.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] not in ("English", "") and not set(cells[0]) <= set("-"):
+            rows.append((cells[0], cells[1]))
+    return rows
+
+
+def english_prose(text: str) -> str:
+    """Text without code spans, link targets, formulas and HTML markers: where terms are prose."""
+    for pattern in (
+        translate.CODE_SPAN,
+        translate.LINK_TARGET,
+        translate.MATH,
+        translate.HTML_COMMENT,
+    ):
+        text = pattern.sub(" ", text)
+    return re.sub(r"\{[^{}]*\}", " ", text)  # a helper message's {placeholders}: values, not prose
+
+
+CATALOG_FILES = sorted(translate.CATALOGS.rglob("*.po"))
+
+
+@pytest.mark.parametrize(
+    "path", CATALOG_FILES, ids=lambda p: str(p.relative_to(translate.CATALOGS))
+)
+def test_catalog_follows_the_glossary(path: Path) -> None:
+    terms = glossary()
+    assert len(terms) > 30
+    wrong = []
+    for e in polib.pofile(str(path)):
+        prose = english_prose(e.msgid)
+        for en, zh in terms:
+            if re.search(rf"\b{re.escape(en)}(s|es)?\b", prose, re.IGNORECASE) and not any(
+                z.strip() in e.msgstr for z in zh.split(" / ")
+            ):
+                wrong.append(f"{e.msgctxt or ''} {en!r} -> {zh!r} missing in {e.msgstr[:80]!r}")
+    assert not wrong, f"{path.name}: " + "\n".join(wrong[:20])
+
+
+def test_changed_english_makes_its_message_fuzzy_and_fails_the_check() -> None:
+    english = ROOT / "notebooks" / "03_mixed_precision.ipynb"
+    nb = copy.deepcopy(nbfiles.read(english))
+    po = translate.load_catalog(english)
+    md = next(c for c in nb.cells if c.cell_type == "markdown" and len(c.source) > 200)
+    md.source = md.source.replace(" ", "  ", 1)  # one extra space: a changed English cell
+    code = next(c for c in nb.cells if c.cell_type == "code" and translate.comments(c.source))
+    first = translate.comments(code.source)[0]
+    code.source = code.source.replace(
+        first.text.split("\n")[0], first.text.split("\n")[0] + " now", 1
+    )
+    new_cell = nbfiles.nbformat.v4.new_markdown_cell(
+        "A brand-new paragraph with no translation yet."
+    )
+    new_cell.id = "cell-999"
+    nb.cells.append(new_cell)
+    updated = translate.update(po, translate.messages(nb), "notebooks/03_mixed_precision.ipynb", {})
+    by_key = {(e.msgctxt, e.msgid): e for e in updated}
+    changed = by_key[(md.id, translate.canonical(md.source))]
+    assert changed.fuzzy and changed.previous_msgid and changed.msgstr, (
+        "a changed cell keeps its old translation, fuzzy"
+    )
+    assert by_key[(code.id, translate.comments(code.source)[0].text)].fuzzy, (
+        "a changed comment turns fuzzy"
+    )
+    assert not by_key[("cell-999", new_cell.source)].msgstr, "a new cell starts untranslated"
+    problems = translate.problems(updated, "x.po")
+    assert (
+        sum("fuzzy" in p for p in problems) == 2 and sum("untranslated" in p for p in problems) == 1
+    ), problems
+    unchanged = [e for e in updated if e.msgctxt not in (md.id, code.id, "cell-999")]
+    assert unchanged and all(e.msgstr and not e.fuzzy for e in unchanged), (
+        "the rest stays translated"
+    )
+
+
+def test_moved_cell_keeps_its_translation() -> None:
+    english = ROOT / "notebooks" / "01_devices.ipynb"
+    nb = copy.deepcopy(nbfiles.read(english))
+    po = translate.load_catalog(english)
+    nb.cells.insert(3, nbfiles.nbformat.v4.new_code_cell("x = 1"))
+    for i, cell in enumerate(nb.cells):  # the ids the course gives cells: by position
+        cell.id = f"cell-{i:03d}"
+    known = translate.memory([po])
+    updated = translate.update(po, translate.messages(nb), "notebooks/01_devices.ipynb", known)
+    assert not translate.problems(updated, "x.po")
+
+
+def test_comment_messages() -> None:
+    source = (
+        "# a block of\n# two lines\nimport torch  # trailing\n"
+        "x = 1  # noqa: E501\n%pip install -q x  # magic lines are left alone\n"
+        "def f():\n    # indented block\n    return '# not a comment'\n### BEGIN SOLUTION\n"
+    )
+    got = [(c.text, c.trailing) for c in translate.comments(source)]
+    assert got == [("a block of\ntwo lines", False), ("trailing", True), ("indented block", False)]
+    table = {
+        ("c", "a block of\ntwo lines"): "一\n二\n三",
+        ("c", "trailing"): "尾注",
+        ("c", "indented block"): "缩进",
+    }
+    out = translate.translate_code(source, table, "c")
+    assert out.startswith("# 一\n# 二\n# 三\nimport torch  # 尾注\nx = 1  # noqa: E501\n")
+    assert "    # 缩进\n    return '# not a comment'" in out
+
+
+def test_problems_name_lost_code_spans_and_one_line_trailing_comments() -> None:
+    po = polib.POFile()
+    po.append(
+        polib.POEntry(
+            msgctxt="a",
+            msgid="Call `loss.item()` [here](x.ipynb).",
+            msgstr="调用 loss.item()",
+            comment="markdown",
+        )
+    )
+    po.append(
+        polib.POEntry(msgctxt="b", msgid="trailing", msgstr="两\n行", comment="trailing comment")
+    )
+    problems = translate.problems(po, "x.po")
+    assert "code span '`loss.item()`'" in problems[0] and "one line" in problems[1], problems
+
+
+def test_helper_placeholders_must_survive_translation() -> None:
+    po = polib.POFile()
+    po.append(polib.POEntry(msgid="expected {want!r}, got {got}", msgstr="应为 {want}，实际 {got}"))
+    po.append(polib.POEntry(msgid="{n} ranks", msgstr="{n} 个 rank"))
+    problems = translate.helper_problems(po, "x.po")
+    assert len(problems) == 1 and "placeholders differ" in problems[0], problems
+
+
+def test_set_language_rejects_unknown_and_reaches_child_processes() -> None:
+    import subprocess
+
+    from helpers.i18n import language, set_language, tr
+
+    try:
+        with pytest.raises(ValueError, match="zh_CN"):
+            set_language("zh")
+        set_language("zh_CN")
+        assert tr("correct") == "正确"
+        child = subprocess.run(
+            [sys.executable, "-c", "from helpers.i18n import tr; print(tr('correct'))"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert child.stdout.strip() == "正确"
+    finally:
+        set_language("en")
+    assert language() == "en" and tr("correct") == "correct"
+
+
+def test_a_fork_changes_no_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `make set-repo` the notebooks' links name the fork: the catalogs still match them."""
+    english = ROOT / "notebooks" / "02_training_loop.ipynb"
+    nb = nbfiles.read(english)
+    before = translate.messages(nb)
+    src = translate.set_repo.read_source(ROOT)
+    fork = translate.set_repo.Source("someone/my-fork", "fall-2027")
+    for cell in nb.cells:
+        cell.source = cell.source.replace(
+            f"{src.repo}/blob/{src.branch}/", f"{fork.repo}/blob/{fork.branch}/"
+        )
+        cell.source = cell.source.replace(src.repo, fork.repo)
+    monkeypatch.setattr(translate.set_repo, "read_source", lambda root=None: fork)
+    assert translate.messages(nb) == before
+    zh_title = translate.actual(translate.load_catalog(english)[0].msgstr)
+    assert "github/someone/my-fork/blob/fall-2027/" in zh_title
+
+
+@pytest.mark.parametrize(
+    "path", sorted((translate.CATALOGS / "notebooks").glob("*.po")), ids=lambda p: p.stem
+)
+def test_each_chapter_gives_the_english_term_once(path: Path) -> None:
+    """A glossary term the chapter uses appears once as '中文（English）', so a reader can look it up."""
+    po = polib.pofile(str(path))
+    chinese = "\n".join(e.msgstr for e in po)
+    missing = []
+    for en, zh in glossary():
+        used = any(
+            re.search(rf"\b{re.escape(en)}(s|es)?\b", english_prose(e.msgid), re.I) for e in po
+        )
+        if not used or en == zh:  # a term kept in English (rank) needs no gloss
+            continue
+        glossed = rf"[*_`”\"]*[（(][^）)]{{0,40}}?{re.escape(en)}"
+        if not any(
+            re.search(re.escape(z.strip()) + glossed, chinese, re.I) for z in zh.split(" / ")
+        ):
+            missing.append(f"{zh}（{en}）")
+    assert not missing, f"{path.name}: never glossed: {missing}"
+
+
+def test_plots_use_an_installed_cjk_font(monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib
+    from matplotlib import font_manager
+
+    from helpers.i18n import use_cjk_font
+
+    with matplotlib.rc_context():
+        monkeypatch.setattr(font_manager.fontManager, "ttflist", [])
+        assert use_cjk_font() is None  # none installed: nothing changes
+        fake = font_manager.FontEntry(fname="x.otf", name="Noto Sans CJK SC")
+        monkeypatch.setattr(font_manager.fontManager, "ttflist", [fake])
+        assert use_cjk_font() == "Noto Sans CJK SC"
+        assert matplotlib.rcParams["font.sans-serif"][0] == "Noto Sans CJK SC"
