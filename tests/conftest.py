@@ -40,12 +40,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - returns the fac
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Append each failing test's id to $COURSE_FAILURES_LOG as it fails (tools/gpu_check.py).
+    """Log each failure as it happens for tools/gpu_check.py (tests/failures_log.py)."""
+    from failures_log import log_failure
 
-    pytest names its failures in the summary at the end; a run stopped by a deadline has none.
-    With this log, the GPU check still says which tests failed before it stopped.
-    """
-    path = os.environ.get("COURSE_FAILURES_LOG")
-    if path and report.failed:
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(f"{report.nodeid} ({report.when})\n")
+    log_failure(report)

@@ -575,7 +575,7 @@ def test_an_error_of_gpu_check_outside_every_item_is_in_the_summary(
 def test_failures_logged_as_they_happen_are_named_when_pytest_has_no_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import conftest
+    from failures_log import log_failure
 
     log = tmp_path / "failures.txt"
     monkeypatch.setenv("COURSE_FAILURES_LOG", str(log))
@@ -587,6 +587,6 @@ def test_failures_logged_as_they_happen_are_named_when_pytest_has_no_summary(
         report = pytest.TestReport(
             nodeid, ("a.py", 1, "t"), {}, "failed" if failed else "passed", None, "call"
         )
-        conftest.pytest_runtest_logreport(report)  # xdist: a worker and the controller both log
+        log_failure(report)  # xdist: a worker and the controller both log
     assert gpu_check.failed_before_stop(log) == ["tests/a.py::t1 (call)"]
     assert gpu_check.failed_before_stop(tmp_path / "none.txt") == []
