@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,18 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - returns the fac
         return install(monkeypatch, kind, count=count, name=name)
 
     return make
+
+
+@pytest.fixture
+def chinese() -> Iterator[None]:
+    """Checks and verdicts print in Simplified Chinese during the test, English after (helpers/i18n.py)."""
+    from helpers.i18n import set_language
+
+    set_language("zh_CN")
+    try:
+        yield
+    finally:
+        set_language("en")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

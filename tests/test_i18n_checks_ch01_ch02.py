@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 
 import numpy as np
-import pytest
 import torch
 
 from helpers.checks import FAIL, PASS, ch01, ch02
 from helpers.devices import DEVICE_ENV
-from helpers.i18n import set_language
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
 
 
 # --- chapter 1 ------------------------------------------------------------------------------

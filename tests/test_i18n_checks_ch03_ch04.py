@@ -6,36 +6,20 @@ One test launches 3 gloo ranks: the ranks inherit COURSE_LANG, so what they say 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
 import torch
 import torch.distributed as dist
+from test_exercises_ch03 import fate_forgets_subnormals
+from test_exercises_ch04 import halve_after_sum, lr_without_accumulation, swap_with_partner
 
 from helpers.checks import FAIL, ch03, ch04
-from helpers.i18n import set_language, tr
+from helpers.i18n import tr
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 F16 = torch.finfo(torch.float16)
 
 
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
-
-
 # --- chapter 3 ------------------------------------------------------------------------------
-
-
-def fate_forgets_subnormals(x: float) -> str:
-    size = abs(x)
-    if size > F16.max:
-        return "inf"
-    return "zero" if size < F16.smallest_normal else "normal"
 
 
 def test_a_wrong_fp16_fate_is_explained_in_chinese(chinese, capsys) -> None:  # noqa: ANN001
@@ -116,11 +100,6 @@ def test_a_right_checkpoint_is_correct_in_chinese(chinese, capsys) -> None:  # n
 # --- chapter 4 ------------------------------------------------------------------------------
 
 
-def lr_without_accumulation(base_lr, base_batch, per_rank_batch, world_size, accum_steps):  # noqa: ANN001, ANN201
-    effective = per_rank_batch * world_size
-    return effective, base_lr * effective / base_batch
-
-
 def lr_right(base_lr, base_batch, per_rank_batch, world_size, accum_steps):  # noqa: ANN001, ANN201
     effective = per_rank_batch * world_size * accum_steps
     return effective, base_lr * effective / base_batch
@@ -140,23 +119,6 @@ def test_a_right_learning_rate_is_correct_in_chinese(chinese, capsys) -> None:  
     assert capsys.readouterr().out == "✅ 练习 1：有效批次与学习率：正确。\n"
 
 
-def halve_after_sum(model):  # noqa: ANN001, ANN201
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= 2  # the world size of the chapter's examples, hard-coded
-
-
-def swap_with_partner(model):  # noqa: ANN001, ANN201
-    partner = 1 - dist.get_rank()  # only right for exactly 2 ranks
-    for p in model.parameters():
-        other = torch.empty_like(p.grad)
-        req = dist.isend(p.grad, dst=partner)
-        dist.recv(other, src=partner)
-        req.wait()
-        p.grad += other
-        p.grad /= 2
-
-
 def test_world_size_one_mistakes_are_explained_in_chinese_without_a_launch(chinese, capsys) -> None:  # noqa: ANN001
     result = ch04.check_average_gradients(halve_after_sum)
     assert result.status == FAIL
@@ -174,7 +136,6 @@ def test_world_size_one_mistakes_are_explained_in_chinese_without_a_launch(chine
 
 
 def average_then_raise_in_the_ranks_language(model):  # noqa: ANN001, ANN201
-    import torch.distributed as dist
 
     from helpers.i18n import tr
 

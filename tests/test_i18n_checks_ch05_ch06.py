@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -14,15 +13,6 @@ from helpers.checks import FAIL, ch05, ch06
 from helpers.i18n import set_language
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
 
 
 # --- chapter 5 ------------------------------------------------------------------------------

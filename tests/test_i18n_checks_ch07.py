@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 
-import pytest
 import torch
 
 from helpers.checks import FAIL
@@ -16,18 +14,8 @@ from helpers.checks.ch07 import (
     check_largest_gpt_batch,
 )
 from helpers.gpt import GPTConfig, flops_per_token, make_gpt
-from helpers.i18n import set_language
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
 
 
 def attention_off_by_a_quarter(q, k, v):

@@ -8,28 +8,19 @@ language COURSE_LANG (set by set_language) names.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from test_exercises_ch08_parallel import hooks_averaging_twice, hooks_blocking, zero1_in_float32
 
 from helpers.checks import FAIL, PASS, ch08, ch08_parallel
-from helpers.i18n import set_language
 
 from nbfiles import exercise_namespace
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-@pytest.fixture(autouse=True)
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
+pytestmark = pytest.mark.usefixtures("chinese")  # every test here runs in Chinese
 
 
 @pytest.fixture(scope="module")
@@ -46,50 +37,6 @@ def merge_without_rescaling_l(a, b):
 
 def tiled_returning_q_twice(q, k, v, causal=False, block=16):
     return q, q
-
-
-def hooks_blocking(model):
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad))
-
-    def finish():
-        for p in model.parameters():
-            p.grad /= dist.get_world_size()
-
-    return finish
-
-
-def hooks_averaging_twice(model):
-    pending = []
-
-    def hook(p):
-        p.grad /= dist.get_world_size()
-        pending.append((p, dist.all_reduce(p.grad, async_op=True)))
-
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(hook)
-
-    def finish():
-        for p, work in pending:
-            work.wait()
-            p.grad /= dist.get_world_size()
-        pending.clear()
-
-    return finish
-
-
-def zero1_in_float32(params, shard, optimizer):
-    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
-    grad = torch.cat([p.grad.reshape(-1) for p in params])
-    shard.grad = F.pad(grad, (0, world * s - grad.numel()))[rank * s : (rank + 1) * s].clone()
-    optimizer.step()
-    pieces = [torch.empty(shard.shape) for _ in range(world)]  # always float32
-    dist.all_gather(pieces, shard.detach().float())
-    flat, offset = torch.cat(pieces), 0
-    with torch.no_grad():
-        for p in params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
 
 
 def test_a_wrong_merge_gets_its_hint_in_chinese(capsys: pytest.CaptureFixture[str]) -> None:

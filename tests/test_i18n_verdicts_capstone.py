@@ -4,9 +4,7 @@ set_language("zh_CN"), numbers kept; English comes back with set_language("en").
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
 import torch
 
 import helpers.attention_timing as tm
@@ -33,15 +31,6 @@ from helpers.i18n import set_language
 CJK = re.compile(r"[\u4e00-\u9fff]")
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=8)
 BIG = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024)
-
-
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
 
 
 def row(label: str = "baseline", step_s: float = 0.01, spread: float = 0.0) -> LeverRow:

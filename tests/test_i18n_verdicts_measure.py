@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
-import pytest
+from test_matmul import H100_ROWS  # chapter 1 cell 20 on the H100 run of 2026-11-26
 
 import helpers.matmul as mm
 from helpers.activations import CheckpointCost
@@ -25,27 +24,7 @@ QUIET = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(0), others_cores=0.0, w
 SHARED = MachineState("cuda:0", 6, 6, 16, 9.0, GpuTenants(2, 2**30), 4.0, 1.0)
 
 
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
-
-
 # --- helpers.matmul: the speed-up verdict ------------------------------------------------------
-
-#: Chapter 1 cell 20 on the H100 run (as in tests/test_matmul.py): a CPU floor at n = 64..512.
-H100_ROWS = {
-    64: (7.997, 0.01432),
-    128: (7.994, 0.0136),
-    256: (7.996, 0.01792),
-    512: (7.994, 0.02752),
-    1024: (16.73, 0.122),
-    2048: (72.63, 0.7),
-    4096: (459.3, 5.189),
-}
 
 
 def speedup(data: dict[int, tuple[float, float]], machine: MachineState, threads=(6,)) -> str:  # noqa: ANN001

@@ -4,7 +4,6 @@ after set_language("zh_CN"), numbers kept; English comes back after set_language
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,15 +17,6 @@ from helpers.same_math import check_not_run, loss_ulp, noise_floor, same_math
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 IMPOSSIBLE = 2**60  # 1 EiB: no machine can allocate it
-
-
-@pytest.fixture
-def chinese() -> Iterator[None]:
-    set_language("zh_CN")
-    try:
-        yield
-    finally:
-        set_language("en")
 
 
 def base_and_floor() -> tuple[list[float], object]:

@@ -200,7 +200,7 @@ def test_helper_placeholders_must_survive_translation() -> None:
     po = polib.POFile()
     po.append(polib.POEntry(msgid="expected {want!r}, got {got}", msgstr="应为 {want}，实际 {got}"))
     po.append(polib.POEntry(msgid="{n} ranks", msgstr="{n} 个 rank"))
-    problems = translate.helper_problems(po, "x.po")
+    problems = translate.problems(po, "x.po")
     assert len(problems) == 1 and "placeholders differ" in problems[0], problems
 
 
