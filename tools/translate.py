@@ -77,26 +77,24 @@ SETUP_MARK = "# Setup, the same in every notebook."
 REPO_TOKEN, BRANCH_TOKEN = "COURSE_REPO", "COURSE_BRANCH"
 
 
+def _relink(text: str, old: tuple[str, str], new: tuple[str, str]) -> str:
+    """GitHub and Colab links to repository/branch `old` rewritten to `new` (both (repo, branch))."""
+    for host in ("github.com/", "colab.research.google.com/github/"):
+        text = text.replace(f"{host}{old[0]}/blob/{old[1]}/", f"{host}{new[0]}/blob/{new[1]}/")
+        text = text.replace(f"{host}{old[0]}", f"{host}{new[0]}")
+    return text
+
+
 def canonical(text: str) -> str:
     """Text with the course's repository and branch (GitHub and Colab links) replaced by tokens."""
     src = set_repo.read_source(ROOT)
-    for host in ("github.com/", "colab.research.google.com/github/"):
-        text = text.replace(
-            f"{host}{src.repo}/blob/{src.branch}/", f"{host}{REPO_TOKEN}/blob/{BRANCH_TOKEN}/"
-        )
-        text = text.replace(f"{host}{src.repo}", f"{host}{REPO_TOKEN}")
-    return text
+    return _relink(text, (src.repo, src.branch), (REPO_TOKEN, BRANCH_TOKEN))
 
 
 def actual(text: str) -> str:
     """The tokens of canonical() replaced by the repository and branch of pyproject.toml."""
     src = set_repo.read_source(ROOT)
-    for host in ("github.com/", "colab.research.google.com/github/"):
-        text = text.replace(
-            f"{host}{REPO_TOKEN}/blob/{BRANCH_TOKEN}/", f"{host}{src.repo}/blob/{src.branch}/"
-        )
-        text = text.replace(f"{host}{REPO_TOKEN}", f"{host}{src.repo}")
-    return text
+    return _relink(text, (REPO_TOKEN, BRANCH_TOKEN), (src.repo, src.branch))
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ class Message:
     ctx: str
     msgid: str
     kind: str  # "markdown", "comment" or "trailing comment"
-    cell: int
+    cell: int | None  # the cell's index; None for a helper module's message
 
 
 def _masked(source: str) -> str:
@@ -255,7 +253,7 @@ def update(po: polib.POFile, msgs: list[Message], path: str, known: dict[str, st
             continue
         seen.add((m.ctx, m.msgid))
         entry = polib.POEntry(msgctxt=m.ctx, msgid=m.msgid, msgstr="", comment=m.kind)
-        entry.occurrences = [(path, str(m.cell))]
+        entry.occurrences = [(path, "" if m.cell is None else str(m.cell))]
         same = exact.get((m.ctx, m.msgid))
         if same is not None and (same.msgstr or m.msgid not in known):
             entry.msgstr, entry.flags = same.msgstr, list(same.flags)
@@ -327,13 +325,17 @@ def problems(po: polib.POFile, path: str) -> list[str]:
     for e in po:
         if e.obsolete:
             continue
-        where = f"{path} [{e.msgctxt}] {e.msgid[:60]!r}"
+        where = (
+            f"{path} [{e.msgctxt}] {e.msgid[:60]!r}" if e.msgctxt else f"{path} {e.msgid[:60]!r}"
+        )
         if "fuzzy" in e.flags:
             out.append(
                 f"{where}: fuzzy (the English changed): check the translation, remove the flag"
             )
         elif not e.msgstr.strip():
             out.append(f"{where}: untranslated")
+        elif e.msgctxt is None and placeholder_problem(e):  # a helper's tr("... {x}") message
+            out.append(f"{where}: {placeholder_problem(e)}")
         elif e.comment == "trailing comment" and "\n" in e.msgstr:
             out.append(f"{where}: a comment after code must stay on one line")
         elif e.comment == "markdown":
@@ -383,34 +385,16 @@ def helper_catalog_path(module: str) -> Path:
 
 
 def update_helper_catalog(module: str, msgids: list[str], known: dict[str, str]) -> polib.POFile:
-    """The module's catalog for these messages: unchanged English keeps its translation, changed turns fuzzy."""
+    """The module's catalog for these messages (update(), with no context: gettext() looks them up)."""
     path = helper_catalog_path(module)
     old = polib.pofile(str(path), wrapwidth=100) if path.exists() else polib.POFile(wrapwidth=100)
-    current = {e.msgid: e for e in old if not e.obsolete}
-    unused = [e for e in current.values() if e.msgid not in set(msgids) and e.msgstr]
-    po = polib.POFile(wrapwidth=100)
-    po.metadata = old.metadata or {
-        **new_catalog(ROOT / "README.md").metadata,
-        "Project-Id-Version": f"pytorch-gpu-course {module}",
-    }
-    for msgid in msgids:
-        entry = polib.POEntry(msgid=msgid, msgstr="")
-        entry.occurrences = [(module.replace(".", "/") + ".py", "")]
-        same = current.get(msgid)
-        if same is not None and (same.msgstr or msgid not in known):
-            entry.msgstr, entry.flags, entry.previous_msgid = (
-                same.msgstr,
-                list(same.flags),
-                same.previous_msgid,
-            )
-        elif msgid in known:
-            entry.msgstr = known[msgid]
-        else:
-            best = closest(unused, msgid)
-            if best is not None:
-                entry.msgstr, entry.flags, entry.previous_msgid = best.msgstr, ["fuzzy"], best.msgid
-        po.append(entry)
-    return po
+    if not old.metadata:
+        old.metadata = {
+            **new_catalog(ROOT / "README.md").metadata,
+            "Project-Id-Version": f"pytorch-gpu-course {module}",
+        }
+    msgs = [Message(None, msgid, "", None) for msgid in msgids]  # type: ignore[arg-type]
+    return update(old, msgs, module.replace(".", "/") + ".py", known)
 
 
 def fields(text: str) -> list[str]:
@@ -424,29 +408,15 @@ def fields(text: str) -> list[str]:
     return sorted(out)
 
 
-def helper_problems(po: polib.POFile, path: str) -> list[str]:
-    """Untranslated, fuzzy, or placeholder-changing messages of a helper catalog."""
-    out = []
-    for e in po:
-        where = f"{path} {e.msgid[:60]!r}"
-        if "fuzzy" in e.flags:
-            out.append(
-                f"{where}: fuzzy (the English changed): check the translation, remove the flag"
-            )
-        elif not e.msgstr.strip():
-            out.append(f"{where}: untranslated")
-        else:
-            try:
-                same = fields(e.msgstr) == fields(e.msgid)
-            except ValueError as exc:
-                same, exc_text = False, str(exc)
-            else:
-                exc_text = ""
-            if not same:
-                out.append(
-                    f"{where}: the placeholders differ ({fields(e.msgid)} in English){exc_text}: keep every {{...}} as it is"
-                )
-    return out
+def placeholder_problem(e: polib.POEntry) -> str:
+    """What is wrong with a helper message's str.format placeholders in its translation, or ''."""
+    try:
+        if fields(e.msgstr) == fields(e.msgid):
+            return ""
+        why = ""
+    except ValueError as exc:
+        why = f" ({exc})"
+    return f"the placeholders differ{why}: keep every {{...}} of the English as it is"
 
 
 def compiled(catalogs: list[polib.POFile]) -> bytes:
@@ -488,7 +458,7 @@ def run_helpers(check: bool, stats: bool, prefix: str = "helpers") -> list[str]:
         if check:
             if not path.exists() or path.read_text(encoding="utf-8") != str(po):
                 bad.append(f"{rel}: behind {module}: run `make translate`")
-            bad += helper_problems(po, rel)
+            bad += problems(po, rel)
         elif not stats:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(str(po), encoding="utf-8")
