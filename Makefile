@@ -5,8 +5,9 @@
 #               (installs Debian's Chromium for the browser tests where it can)
 #   make test-widgets7   the notebook suite again with ipywidgets 7.7.1, Colab's (CI runs it)
 #   make instructor      run every chapter here; executed copies + HTML in executed/
-#   make gpu-check       notebooks + unit tests + benchmarks (+ NCCL on a GPU) with $(PYTHON)'s
-#                        own packages; one report in gpu-check/summary.md
+#   make gpu-check       notebooks + CUDA unit tests + NCCL in parallel streams, then the headline
+#                        benchmarks alone, with $(PYTHON)'s own packages; gpu-check/summary.md
+#   make gpu-plan        the GPU check's schedule and expected times on one H100 (runs nothing)
 #   make test-torch-newest / test-torch-oldest   every notebook with the newest torch release
 #                        and with the oldest one requirements.txt allows (CI runs both)
 #   make set-repo REPO=https://github.com/ORG/NAME BRANCH=main   teach from your fork: every
@@ -80,7 +81,7 @@ NB_DIRS = notebooks solutions exercises
 LINT_DIRS = helpers tests tools benchmarks templates $(NB_DIRS)
 
 .PHONY: help lab lab-zh translate test test-widgets7 browser-test instructor lint format notebooks-clean \
-	exercises unit notebooks-test clean gpu-check test-torch-newest test-torch-oldest set-repo
+	exercises unit notebooks-test clean gpu-check gpu-plan test-torch-newest test-torch-oldest set-repo
 
 help: ## list the commands
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 20
@@ -174,8 +175,11 @@ test-torch-oldest: $(OLDEST_VENV)/.installed ## every notebook with the oldest t
 	$(OLDEST_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_OLDEST_VERSION)', v; print('torch', torch.__version__)"
 	$(OLDEST_VENV)/bin/python tools/run_all.py $(LANE_ARGS) --out executed/torch-oldest
 
-gpu-check: ## notebooks, unit tests, benchmarks, NCCL with python3's own packages (PYTHON=...): gpu-check/summary.md
+gpu-check: ## notebooks, CUDA unit tests, NCCL in streams, then headline benchmarks alone (PYTHON=...): gpu-check/summary.md
 	$(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+gpu-plan: ## the GPU check's schedule and expected times, call by call, on one H100 (runs nothing)
+	$(PYTHON) tools/gpu_check.py --plan $(GPU_CHECK_ARGS)
 
 set-repo: ## teach from your fork: make set-repo REPO=https://github.com/ORG/NAME BRANCH=main
 	@test -n "$(REPO)" || { echo "usage: make set-repo REPO=https://github.com/ORG/NAME [BRANCH=main]"; \

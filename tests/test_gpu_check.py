@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +21,12 @@ import torch
 from helpers import launch as torchrun
 from helpers.launch import LaunchResult
 from helpers.scripts.one_launch import split_jobs
+
+from gpucheck import machine as machine_mod
+from gpucheck import plan as plan_mod
+from gpucheck import report as report_mod
+from gpucheck import run as run_mod
+from gpucheck.common import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +61,7 @@ def fake_benchmark(folder: Path, body: str, name: str = "bench_fake.py") -> Path
 
 def in_process_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """machine_info() without a subprocess, so that fake GPUs (patched here) are seen."""
-    monkeypatch.setattr(gpu_check, "machine_info", lambda *a, **k: gpu_check.probe_machine())
+    monkeypatch.setattr(machine_mod, "machine_info", lambda *a, **k: machine_mod.probe_machine())
 
 
 def test_cpu_run_writes_one_report_and_fails_on_a_failing_test(
@@ -97,14 +103,14 @@ def test_cpu_run_writes_one_report_and_fails_on_a_failing_test(
     assert "skipped: no GPU" in printed and "FAILED: tests" in printed
 
 
-def run_part(part: str, out: Path, argv: list[str], machine: dict) -> gpu_check.Part:
+def run_part(part: str, out: Path, argv: list[str], machine: dict) -> report_mod.Part:
     """One part of gpu_check, as main runs it (its machine-state readings included)."""
     out.mkdir(parents=True, exist_ok=True)
     args = gpu_check.parse_args(["--only", part, *argv])
-    check = gpu_check.Check(args, out, machine, argv)
-    check.items = gpu_check.plan(args, machine)
+    check = run_mod.Check(args, out, machine, argv)
+    check.items = plan_mod.plan(args, machine)
     check.run()
-    (found,) = gpu_check.parts_of(check)
+    (found,) = report_mod.parts_of(check)
     return found
 
 
@@ -129,13 +135,14 @@ def test_only_quick_and_bad_parts() -> None:
 
 
 def test_quick_settings_name_real_scripts_and_flags() -> None:
-    for stem, flags in gpu_check.QUICK_BENCHMARK_ARGS.items():
+    settings = [*plan_mod.QUICK_BENCHMARK_ARGS.items(), *plan_mod.HEADLINE_BENCHMARKS.items()]
+    for stem, flags in settings:
         source = (ROOT / "benchmarks" / f"{stem}.py").read_text()
         for flag in (f for f in flags if f.startswith("--")):
             assert f'"{flag}"' in source, f"{stem}.py has no {flag} option"
-    for path in (*gpu_check.QUICK_NOTEBOOKS, *gpu_check.QUICK_TESTS):
+    for path in (*plan_mod.QUICK_NOTEBOOKS, *plan_mod.QUICK_TESTS):
         assert (ROOT / path).exists(), path
-    for script, flags in gpu_check.NCCL_SCRIPTS.items():
+    for script, flags in plan_mod.NCCL_SCRIPTS.items():
         source = torchrun.script_path(script).read_text()
         assert all(f'"{f}"' in source for f in flags if f.startswith("--")), script
 
@@ -143,17 +150,17 @@ def test_quick_settings_name_real_scripts_and_flags() -> None:
 def test_pytest_uses_xdist_only_where_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = gpu_check.importlib.util.find_spec
+    real = run_mod.importlib.util.find_spec
     args = gpu_check.parse_args([])
     for present in (True, False):
         monkeypatch.setattr(
-            gpu_check.importlib.util,
+            run_mod.importlib.util,
             "find_spec",
             lambda name, present=present: (
                 (object() if present else None) if name == "xdist" else real(name)
             ),
         )
-        command = gpu_check.pytest_command(args, tmp_path / "t.xml")
+        command = run_mod.pytest_command(args, tmp_path / "t.xml")
         assert ("-n" in command) is present
         assert "tests" in command and "--ignore=tests/browser" in command
 
@@ -162,7 +169,7 @@ def test_a_part_whose_modules_are_missing_fails_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     in_process_machine(monkeypatch)
-    monkeypatch.setitem(gpu_check.NEEDS, "benchmarks", ("torch", "no_such_module_here"))
+    monkeypatch.setitem(plan_mod.NEEDS, "benchmarks", ("torch", "no_such_module_here"))
     status = gpu_check.main(["--only", "benchmarks", "--out", str(tmp_path)])
     assert status == 1
     text = (tmp_path / "summary.md").read_text()
@@ -170,10 +177,10 @@ def test_a_part_whose_modules_are_missing_fails_with_the_fix(
 
 
 def test_nccl_world_sizes() -> None:
-    assert gpu_check.nccl_world_sizes(0) == []
-    assert gpu_check.nccl_world_sizes(1) == [1]
-    assert gpu_check.nccl_world_sizes(2) == [1, 2]
-    assert gpu_check.nccl_world_sizes(8) == [1, 2]
+    assert plan_mod.nccl_world_sizes(0) == []
+    assert plan_mod.nccl_world_sizes(1) == [1]
+    assert plan_mod.nccl_world_sizes(2) == [1, 2]
+    assert plan_mod.nccl_world_sizes(8) == [1, 2]
 
 
 def good_results(script: str, world: int) -> list[dict]:
@@ -195,9 +202,12 @@ class FakeLauncher:
         self.calls: list[tuple[str, int, str]] = []
         self.fail, self.wrong = fail, wrong
 
-    def __call__(self, script, nproc, args, *, backend, timeout, echo, check, env) -> LaunchResult:  # noqa: ANN001
+    def __call__(
+        self, script, nproc, args, *, backend, timeout, echo, check, env, threads
+    ) -> LaunchResult:  # noqa: ANN001
         self.calls.append((script, nproc, backend))
         assert check is False and timeout > 0
+        assert threads is None or threads >= 1, "each rank gets its share of the stream's threads"
         assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT), "ranks import this checkout"
         result = LaunchResult(command=["torchrun"], nproc=nproc, backend=backend, seconds=0.5)
         echo(f"[course] process group ready: {nproc} rank(s), backend {backend}")
@@ -248,7 +258,7 @@ def test_one_fake_gpu_reports_a_failed_launch_and_wrong_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_gpu
 ) -> None:  # noqa: ANN001
     fake_gpu("a100", count=1)
-    machine = gpu_check.probe_machine()
+    machine = machine_mod.probe_machine()
     assert machine["gpu_count"] == 1 and machine["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
     launcher = FakeLauncher(fail="fsdp_vs_ddp", wrong="ddp_train")
     monkeypatch.setattr(torchrun, "launch", launcher)
@@ -263,30 +273,30 @@ def test_one_fake_gpu_reports_a_failed_launch_and_wrong_results(
 
 def test_amd_and_apple_machines_are_described(fake_gpu) -> None:  # noqa: ANN001
     fake_gpu("mi300x", count=1)
-    amd = gpu_check.probe_machine()
-    text = gpu_check.machine_markdown(amd)
+    amd = machine_mod.probe_machine()
+    text = machine_mod.machine_markdown(amd)
     assert "AMD Instinct MI300X" in text and "ROCm (HIP" in text
-    assert gpu_check.slug(amd) == "amd-instinct-mi300x"
+    assert machine_mod.slug(amd) == "amd-instinct-mi300x"
     fake_gpu("mps")
-    mac = gpu_check.probe_machine()
-    assert mac["gpu_count"] == 0 and gpu_check.gpu_summary(mac) == "no GPU (Apple MPS available)"
-    (item,) = gpu_check.plan(gpu_check.parse_args(["--only", "nccl"]), mac)
+    mac = machine_mod.probe_machine()
+    assert mac["gpu_count"] == 0 and machine_mod.gpu_summary(mac) == "no GPU (Apple MPS available)"
+    (item,) = plan_mod.plan(gpu_check.parse_args(["--only", "nccl"]), mac)
     assert item.status == "skipped" and "no GPU" in item.detail
-    assert gpu_check.state_devices(mac) == ["mps"]
+    assert machine_mod.state_devices(mac) == ["mps"]
 
 
 def test_the_real_probe_runs_in_a_subprocess() -> None:
-    machine = gpu_check.machine_info()
+    machine = machine_mod.machine_info()
     assert machine["torch"] == torch.__version__
     assert machine["cores"] >= 1 and isinstance(machine["gpus"], list)
 
 
 def test_manual_allreduce_results_are_checked() -> None:
     good = good_results("manual_allreduce", 2)
-    assert gpu_check.check_results("manual_allreduce", good) == []
+    assert run_mod.check_results("manual_allreduce", good) == []
     good[1]["averaged"] = [torch.zeros(3)]
     good[0]["no_division"] = [torch.ones(3)]  # the sum, not 2 x the average
-    wrong = gpu_check.check_results("manual_allreduce", good)
+    wrong = run_mod.check_results("manual_allreduce", good)
     assert "rank 1: averaged gradients differ from rank 0's" in wrong
     assert "rank 0: the sum is not world size x the average" in wrong
 
@@ -295,14 +305,36 @@ def test_manual_allreduce_results_are_checked() -> None:
 
 
 class VirtualRun:
-    """Runs items instantly on a virtual clock: each takes `pace` x its estimate."""
+    """Runs items instantly on virtual clocks, one per stream: each takes `pace` x its estimate.
+
+    A stream's clock starts at the call's start-up (CALL_OVERHEAD_S, as schedule() counts it),
+    the timing phase's where the last stream ended; the call's clock is the latest of them.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, pace: float = 1.0) -> None:
-        self.now, self.pace, self.ran = 0.0, pace, []
-        monkeypatch.setattr(gpu_check.Check, "elapsed", lambda check: self.now)
-        monkeypatch.setattr(gpu_check, "read_state", self.state)
-        for stage in gpu_check.STAGES:
-            monkeypatch.setitem(gpu_check.RUNNERS, stage, self.run)
+        self.pace, self.ran, self.clocks = pace, [], {}
+        self.lock = threading.Lock()
+        monkeypatch.setattr(run_mod.Check, "elapsed", lambda check: self.elapsed())
+        monkeypatch.setattr(machine_mod, "read_state", self.state)
+        for stage in plan_mod.STAGES:
+            monkeypatch.setitem(run_mod.RUNNERS, stage, self.run)
+
+    @property
+    def now(self) -> float:
+        return max(self.clocks.values(), default=0.0)
+
+    def new_call(self) -> None:
+        self.clocks, self.ran = {}, []
+
+    def elapsed(self) -> float:
+        name = threading.current_thread().name
+        with self.lock:
+            if name.startswith("correctness-"):
+                return self.clocks.setdefault(name, plan_mod.CALL_OVERHEAD_S)
+            if name.startswith("timing-"):
+                streams = [t for n, t in self.clocks.items() if n.startswith("correctness-")]
+                return self.clocks.setdefault(name, max(streams, default=plan_mod.CALL_OVERHEAD_S))
+            return self.now
 
     def state(self, machine: dict, timeout: float = 0) -> dict:
         return {"text": f"state at {self.now:.0f} s", "quiet": True, "caveat": ""}
@@ -311,18 +343,17 @@ class VirtualRun:
         assert item.estimate * self.pace <= limit.seconds or not args.deadline, (
             f"{item.name} was started with {limit.seconds:.0f} s left"
         )
-        self.ran.append((item.stage, item.name, limit.seconds))
-        item.seconds = item.estimate * self.pace
-        self.now += item.seconds
+        name = threading.current_thread().name
+        with self.lock:
+            self.ran.append((item.stage, item.name, limit.seconds, item.stream))
+            item.seconds = item.estimate * self.pace
+            self.clocks[name] += item.seconds
         item.status = "ok"
 
 
-def timed(run: VirtualRun) -> list[tuple[str, str, float]]:
-    """(stage, item, seconds) of what a VirtualRun ran: its estimate at pace 1."""
-    estimates = {
-        i.name: i.estimate for i in gpu_check.plan(gpu_check.parse_args([]), {"gpu_count": 0})
-    }
-    return [(stage, name, estimates[name]) for stage, name, _ in run.ran]
+def cpu_plan() -> list[plan_mod.Item]:
+    """Every item gpu_check plans on this CPU (no GPU: NCCL skipped)."""
+    return plan_mod.plan(gpu_check.parse_args([]), {"gpu_count": 0})
 
 
 def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
@@ -333,16 +364,17 @@ def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "a"
     assert gpu_check.main(["--deadline", "540", "--out", str(out)]) == 3, "incomplete: exit 3"
-    stages = [stage for stage, _, _ in run.ran]
-    order = list(gpu_check.STAGES)
-    assert stages == sorted(stages, key=order.index), "chapters, benchmarks, ..., in that order"
+    assert {stream for *_, stream in run.ran} == {0}, "one stream on a CPU"
+    stages = [stage for stage, *_ in run.ran]
+    order = list(plan_mod.STAGES)
+    assert stages == sorted(stages, key=order.index), "chapters, tests, ..., in that order"
     chapters = sorted(
         p.relative_to(ROOT).as_posix() for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")
     )
-    ran_chapters = [n for s, n, _ in run.ran if s == "chapters"]
+    ran_chapters = [n for s, n, *_ in run.ran if s == "chapters"]
     assert ran_chapters == [c for c in chapters if c in ran_chapters], "chapters in order"
     assert ran_chapters and run.ran[0][1] == chapters[0], "the chapters come first"
-    assert run.now <= 540 - gpu_check.STOP_GRACE_S - gpu_check.FINISH_RESERVE_S
+    assert run.now <= 540 - plan_mod.STOP_GRACE_S - plan_mod.FINISH_RESERVE_S
     text = (out / "summary.md").read_text()
     assert "**Result: incomplete" in text and "## Not run" in text
     section = text.split("## Not run")[1].split("\n## ")[0]
@@ -350,25 +382,28 @@ def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
     assert all(any(c in line for line in not_run) for c in chapters if c not in ran_chapters), (
         "a chapter that did not fit is listed, with why"
     )
-    everything = gpu_check.plan(gpu_check.parse_args([]), {"gpu_count": 0})
+    everything = cpu_plan()
     assert len(not_run) == len(everything) - 1 - len(run.ran), (
         "the rest, each with why (nccl skipped)"
     )
     assert all("before the 540 s deadline" in line for line in not_run)
-    chapters_s = sum(item_s for stage, _, item_s in timed(run) if stage == "chapters")
-    assert f"| chapters | state at 0 s | state at {chapters_s:.0f} s |" in text, "before, after"
+    assert "| correctness phase, 1 stream(s) x " in text and "| state at 0 s | state at " in text
     assert "--resume" in text
     # the next calls: each goes on where the last stopped, nothing twice, one report of all
     first, earlier, done, calls = list(run.ran), out, [], 1
     order = [i.name for i in everything]
+    sched = plan_mod.schedule(everything, 1, 2, 540)
     while True:
-        run.now, run.ran = 0.0, []
+        run.new_call()
         nxt = tmp_path / f"call{calls + 1}"
         code = gpu_check.main(["--deadline", "540", "--resume", str(earlier), "--out", str(nxt)])
         calls += 1
-        assert not {n for _, n, _ in first} & {n for _, n, _ in run.ran}, "nothing runs twice"
+        assert not {n for _, n, *_ in first} & {n for _, n, *_ in run.ran}, "nothing runs twice"
+        assert {n for _, n, *_ in run.ran} == {
+            s.item.name for s in sched.slots if s.call == calls
+        }, "each call runs what schedule() (--plan) says it runs"
         if calls == 2:
-            left = [n for n in order if n not in {name for _, name, _ in first}]
+            left = [n for n in order if n not in {name for _, name, *_ in first}]
             assert run.ran[0][1] == left[0], "it goes on where the first call stopped"
             text = (nxt / "summary.md").read_text()
             assert "Resumed from" in text and text.count("(earlier run, ") >= len(first)
@@ -378,12 +413,107 @@ def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
         if code != 3 or calls > 8:
             break
     assert all(i["status"] in ("ok", "skipped") for i in done), "every item ran in the end"
-    expected = sum(i.estimate for i in everything if i.stage != "nccl")
-    usable = 540 - gpu_check.STOP_GRACE_S - gpu_check.FINISH_RESERVE_S
-    assert calls <= math.ceil(expected / usable) + 1, (expected, calls)
-    readme = (ROOT / "README.md").read_text()
-    assert f"{calls} calls" in readme, f"the README says how many 9-minute calls: {calls}"
+    assert calls == len(sched.call_ends), "as many calls as --plan says"
     capsys.readouterr()
+
+
+def h100_box(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The machine the plan is for: one H100, 16 usable cores (machine_info patched to say so)."""
+    box = {
+        "gpu_count": 1,
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.2, "capability": "9.0"}],
+        "cores": 16,
+        "usable_cores": 16,
+        "torch": torch.__version__,
+    }
+    monkeypatch.setattr(machine_mod, "machine_info", lambda *a, **k: dict(box))
+    return box
+
+
+def test_the_whole_course_fits_one_gpu_rental_in_two_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 33: everything within 780 s on one H100 with 16 cores, in at most two calls."""
+    box = h100_box(monkeypatch)
+    args = gpu_check.parse_args(["--plan"])
+    items = plan_mod.plan(args, box)
+    stages = {i.stage for i in items}
+    assert stages == set(plan_mod.STAGES), "notebooks, tests, benchmarks and NCCL: everything"
+    sched = plan_mod.schedule(items, 3, 5, plan_mod.CALL_S)
+    assert sched.fits(), plan_mod.schedule_text(sched, "one H100, 16 cores")
+    assert len(sched.call_ends) <= 2 and sched.total <= plan_mod.BUDGET_S
+    assert all(end <= plan_mod.CALL_S for end in sched.call_ends)
+    assert gpu_check.main(["--plan"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 stream(s) of 5 thread(s)" in printed and "fits the budget of 780 s" in printed
+    # the runner, played through at the expected times, does what the plan says
+    run = VirtualRun(monkeypatch)
+    earlier: Path | None = None
+    for call in range(1, len(sched.call_ends) + 1):
+        run.new_call()
+        out = tmp_path / f"call{call}"
+        argv = ["--deadline", str(plan_mod.CALL_S), "--out", str(out)]
+        code = gpu_check.main(argv + (["--resume", str(earlier)] if earlier else []))
+        planned = {s.item.name: max(s.stream, 0) for s in sched.slots if s.call == call}
+        assert {name: stream for _, name, _, stream in run.ran} == planned, f"call {call}"
+        assert run.now <= sched.call_ends[call - 1], "no later than the plan"
+        earlier = out
+    assert code == 0, "after the last call, everything has run"
+    text = (out / "summary.md").read_text()
+    assert "3 streams side by side, each with 5 thread(s)" in text
+    assert "shared-GPU, shared-CPU times" in text and "alone on the machine" in text
+    readme = (ROOT / "README.md").read_text()
+    assert f"in {len(sched.call_ends)} calls" in readme and "--plan" in readme
+
+
+def test_the_streams_get_the_cores_split_between_them(tmp_path: Path) -> None:
+    assert plan_mod.default_streams(16, 1) == 3 and plan_mod.stream_threads(16, 3) == 5
+    assert plan_mod.default_streams(8, 1) == 2 and plan_mod.default_streams(4, 1) == 1
+    assert plan_mod.default_streams(64, 0) == 1, "no GPU: one stream (they would share cores)"
+    items = [plan_mod.Item("chapters", f"c{i}", e) for i, e in enumerate([100, 90, 50, 40, 30])]
+    items.append(plan_mod.Item("benchmarks", "b", 20))
+    plan_mod.assign_streams(items, 3, 5)
+    load = {k: sum(i.estimate for i in items if i.stream == k) for k in (1, 2, 3)}
+    assert load == {1: 100, 2: 120, 3: 90}, "longest first onto the least loaded"
+    assert items[-1].stream == 0 and items[-1].threads == 0, "the timing phase: alone"
+    assert all(i.threads == 5 for i in items[:-1])
+    env = child_env(5)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "5"
+
+
+def test_two_streams_run_side_by_side_with_their_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real commands on two streams: they overlap in time, and each sees its stream's threads."""
+    monkeypatch.setattr(
+        machine_mod, "read_state", lambda machine, timeout=0: {"text": "-", "quiet": None}
+    )
+    books = []
+    for name in ("one", "two"):
+        nb = nbformat.v4.new_notebook()
+        nb.metadata = {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        }
+        nb.cells = [
+            nbformat.v4.new_code_cell(
+                "import os, time, torch\nstart = time.time()\ntime.sleep(3)\n"
+                "print('threads', os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), start)"
+            )
+        ]
+        books.append(tmp_path / f"{name}.ipynb")
+        nbformat.write(nb, books[-1])
+    out = tmp_path / "out"
+    argv = ["--notebooks", *map(str, books), "--streams", "2"]
+    start = time.monotonic()
+    part = run_part("notebooks", out, argv, {"gpu_count": 0, "usable_cores": 4})
+    assert part.status == "ok", part.markdown
+    assert time.monotonic() - start < 2 * 3 + 2 * (5 + 3), "side by side, not one after the other"
+    for k, name in ((1, "one"), (2, "two")):
+        executed = nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4)
+        text = executed.cells[0].outputs[0]["text"]
+        assert text.startswith("threads 2 2 "), text
+        assert (out / f"notebooks-stream{k}.log").is_file()
+    assert "| one.ipynb | ok |" in part.markdown and "2 streams side by side" in part.markdown
 
 
 def test_the_pace_so_far_scales_the_estimates(
@@ -397,7 +527,7 @@ def test_the_pace_so_far_scales_the_estimates(
     ran = [i for i in data if i["status"] == "ok"]
     expected = sum(i["estimate"] for i in ran)
     assert sum(i["seconds"] for i in ran) == pytest.approx(2 * expected)
-    assert slow.now <= 540 - gpu_check.STOP_GRACE_S - gpu_check.FINISH_RESERVE_S
+    assert slow.now <= 540 - plan_mod.STOP_GRACE_S - plan_mod.FINISH_RESERVE_S
     skipped = [i for i in data if i["status"] == "not run"]
     assert skipped, "at twice the expected times, the notebooks do not all fit in 540 s"
     pace = float(re.search(r"x ([\d.]+), the pace so far", skipped[0]["detail"])[1])
@@ -415,10 +545,10 @@ def test_resume_needs_an_earlier_report(tmp_path: Path, monkeypatch: pytest.Monk
 def test_the_deadline_stops_an_item_that_overruns_and_finishes_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(gpu_check.DEFAULT_S, "benchmarks", 1.0)  # a wrong estimate
+    monkeypatch.setitem(plan_mod.DEFAULT_S, "benchmarks", 1.0)  # a wrong estimate
     hung = fake_benchmark(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(120)\n")
     after = fake_benchmark(tmp_path, "print('after')\n", "bench_after.py")
-    deadline = gpu_check.STOP_GRACE_S + gpu_check.FINISH_RESERVE_S + 12
+    deadline = plan_mod.STOP_GRACE_S + plan_mod.FINISH_RESERVE_S + 12
     out = tmp_path / "out"
     start = time.monotonic()
     argv = [
@@ -460,7 +590,7 @@ def test_a_notebook_stopped_by_the_timeout_says_so_not_assertionerror(tmp_path: 
     argv = ["--notebooks", str(slow), str(after), "--notebooks-timeout", "15"]
     start = time.monotonic()
     part = run_part("notebooks", tmp_path / "out", argv, {"gpu_count": 0})
-    assert time.monotonic() - start < 15 + gpu_check.STOP_GRACE_S + 2 * gpu_check.STATE_TIMEOUT_S
+    assert time.monotonic() - start < 15 + plan_mod.STOP_GRACE_S + 2 * machine_mod.STATE_TIMEOUT_S
     assert part.status == "FAILED" or part.status == "incomplete"
     text = part.markdown
     assert (
@@ -509,13 +639,13 @@ def test_an_error_in_gpu_check_itself_comes_with_its_traceback(
 ) -> None:
     in_process_machine(monkeypatch)
     monkeypatch.setattr(
-        gpu_check, "read_state", lambda machine, timeout=0: {"text": "-", "quiet": None}
+        machine_mod, "read_state", lambda machine, timeout=0: {"text": "-", "quiet": None}
     )
 
     def broken(item, out, args, limit):  # noqa: ANN001, ANN202
         raise KeyError("no such field in the report")
 
-    monkeypatch.setitem(gpu_check.RUNNERS, "benchmarks", broken)
+    monkeypatch.setitem(run_mod.RUNNERS, "benchmarks", broken)
     bench = fake_benchmark(tmp_path, "print('x')\n")
     assert (
         gpu_check.main(["--only", "benchmarks", "--benchmarks", str(bench), "--out", str(tmp_path)])
@@ -530,15 +660,15 @@ def test_an_error_in_gpu_check_itself_comes_with_its_traceback(
 def test_the_machine_state_names_gpu_co_tenants_and_cpu_load(fake_gpu) -> None:  # noqa: ANN001
     gpu = fake_gpu("h100_sxm", count=2)
     gpu.nvml.processes = {1: [(4242, 2 * 2**30)]}
-    reading = gpu_check.state_reading(["cuda:0", "cuda:1"])
+    reading = machine_mod.state_reading(["cuda:0", "cuda:1"])
     assert reading["quiet"] is False
     assert "cuda:0: machine:" in reading["text"] and "cuda:1: machine: BUSY" in reading["text"]
     assert "GPU shared with 1 other compute process(es), holding 2.00 GiB" in reading["caveat"]
     assert "torch" in reading["text"] and "thread" in reading["text"]
-    state = gpu_check.StageState("chapters", reading, reading, others_cores=0.5, seconds=60)
-    table = gpu_check.states_markdown([state], 16)
+    state = machine_mod.StageState("chapters", reading, reading, others_cores=0.5, seconds=60)
+    table = machine_mod.states_markdown([state], 16)
     assert "| chapters | cuda:0: machine:" in table and "0.5 of 16 cores, over 60 s" in table
-    assert "Timings of these stages ran on a busy machine: chapters (" in table
+    assert "Timings of these phases ran on a busy machine: chapters (" in table
     assert "GPU shared with 1 other compute process(es)" in table.split("busy machine")[1]
 
 
@@ -562,10 +692,10 @@ def test_an_error_of_gpu_check_outside_every_item_is_in_the_summary(
 ) -> None:
     in_process_machine(monkeypatch)
 
-    def broken(self, stage, items):  # noqa: ANN001, ANN202
+    def broken(self, phase, items):  # noqa: ANN001, ANN202
         raise RuntimeError("the scheduler broke")
 
-    monkeypatch.setattr(gpu_check.Check, "run_stage", broken)
+    monkeypatch.setattr(run_mod.Check, "run_phase", broken)
     assert gpu_check.main(["--only", "tests", "--out", str(tmp_path)]) == 1
     text = (tmp_path / "summary.md").read_text()
     assert "**Result: FAILED.**" in text and "**gpu_check itself failed**" in text
@@ -588,5 +718,5 @@ def test_failures_logged_as_they_happen_are_named_when_pytest_has_no_summary(
             nodeid, ("a.py", 1, "t"), {}, "failed" if failed else "passed", None, "call"
         )
         log_failure(report)  # xdist: a worker and the controller both log
-    assert gpu_check.failed_before_stop(log) == ["tests/a.py::t1 (call)"]
-    assert gpu_check.failed_before_stop(tmp_path / "none.txt") == []
+    assert run_mod.failed_before_stop(log) == ["tests/a.py::t1 (call)"]
+    assert run_mod.failed_before_stop(tmp_path / "none.txt") == []

@@ -486,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-html", action="store_true", help="skip the HTML export")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
     parser.add_argument(
+        "--results",
+        help="write only the results JSON, to this file (a caller that reports, as gpu_check)",
+    )
+    parser.add_argument(
         "--no-describe",
         action="store_true",
         help="skip describing torch and the device (a caller that did it already)",
@@ -534,13 +538,18 @@ def run(notebooks: list[Path], out_dir: Path, args: argparse.Namespace) -> int:
             if args.fail_fast:
                 break
     report = summary_table(outcomes, machine)
-    (out_dir / "summary.md").write_text(report, encoding="utf-8")
-    (out_dir / "index.html").write_text(index_page(outcomes, out_dir, machine), encoding="utf-8")
     data = json.dumps(results(outcomes, machine), indent=1)
-    (out_dir / "results.json").write_text(data + "\n", encoding="utf-8")
-    print()
-    print(report)
-    print(f"open {out_dir / 'index.html'} to browse the executed notebooks")
+    if args.results:  # the caller reports: no summary or index of its own beside the others'
+        Path(args.results).write_text(data + "\n", encoding="utf-8")
+        print()
+        print(report)
+    else:
+        (out_dir / "summary.md").write_text(report, encoding="utf-8")
+        (out_dir / "index.html").write_text(index_page(outcomes, out_dir, machine), encoding="utf-8")
+        (out_dir / "results.json").write_text(data + "\n", encoding="utf-8")
+        print()
+        print(report)
+        print(f"open {out_dir / 'index.html'} to browse the executed notebooks")
     print(closing_line(outcomes), flush=True)
     if Stop.signum is not None:
         return 128 + Stop.signum
