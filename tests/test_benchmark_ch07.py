@@ -115,7 +115,7 @@ def test_a_lever_that_changes_the_math_fails_the_run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bench = load_script()
-    monkeypatch.setattr(bench, "capstone_sizes", lambda device: (TINY, 4))
+    monkeypatch.setattr(bench, "capstone_sizes", lambda device, recipe=False: (TINY, 4))
     monkeypatch.setattr(F, "scaled_dot_product_attention", broken_sdpa)
     args = ["--device", "cpu", "--rounds", "1", "--min-run-time", "0.02", "--no-compile"]
     assert bench.main([*args, "--keep-compile-cache"]) == 1
@@ -200,7 +200,7 @@ def test_a_check_that_cannot_run_fails_the_run(
 ) -> None:
     """No noise floor (an OOM in the reruns, say): the levers that must keep the math are not passed."""
     bench = load_script()
-    monkeypatch.setattr(bench, "capstone_sizes", lambda device: (TINY, 4))
+    monkeypatch.setattr(bench, "capstone_sizes", lambda device, recipe=False: (TINY, 4))
 
     def no_floor(*args: object) -> None:
         raise RuntimeError("out of memory (a stand-in)")

@@ -26,6 +26,7 @@ from helpers.capstone import (
     GREEDY,
     LEVER_TITLES,
     NANOGPT_H100,
+    RECIPE_SIZES,
     REORDERS,
     ROUNDING,
     SAME_KERNELS,
@@ -515,6 +516,35 @@ def test_the_ablation_finds_what_the_greedy_order_hid(capsys: pytest.CaptureFixt
     )
 
 
+def test_the_ablation_measures_each_configuration_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each pass's final is the row the search already has (the greedy best, then the switch
+    the last pass applied), with its trainer kept for its noise floor: not a second run."""
+    measured: list[str] = []
+
+    def counting(trainer: Trainer) -> LeverRow:
+        measured.append(trainer.levers.label())
+        return scripted_measure(trainer)
+
+    search = LeverSearch(make_trainer, counting)
+    for name in ("resident", "sdpa", "fused_adamw"):
+        search.try_lever(name)
+    greedy = list(measured)
+    assert search.ablate(("resident", "sdpa", "fused_adamw"), progress=False) is True
+    assert measured[len(greedy) :] == [  # three passes of three switches, no final again
+        *("resident + sdpa", "baseline", "sdpa + fused_adamw"),  # from sdpa
+        *("sdpa", "resident", "resident + sdpa + fused_adamw"),  # from resident + sdpa
+        *("sdpa + fused_adamw", "resident + fused_adamw", "resident + sdpa"),  # from all three
+    ]
+    finals = [r for r in search.ablation if r.parent is None]
+    assert finals[0].step_s == search.rows[2].step_s and finals[0] is not search.rows[2]
+    assert search.rows[2].kept.startswith("kept")  # the greedy table keeps its own verdict
+    assert finals[1].first_losses == search.ablation[1].first_losses  # pass 1's winning switch
+    assert Levers(resident=True, sdpa=True, fused_adamw=True) in search.trainers
+    assert "ablation pass" not in capsys.readouterr().err  # progress=False: no bar
+
+
 def test_the_ablation_removes_a_lever_that_now_slows_the_step() -> None:
     steps = dict(STEP_S, **{"resident + sdpa": 0.0085})
 
@@ -718,18 +748,18 @@ def test_sdpa_backend_on_the_cpu_is_the_flash_cpu_kernel() -> None:
 
 #: kind -> (n_layer, n_head, d_model, seq_len, batch size) capstone_sizes gives.
 SIZES = {
-    "h100_sxm": (12, 12, 768, 1024, 16),
-    "a100": (12, 12, 768, 1024, 16),
-    "mi300x": (12, 12, 768, 1024, 16),
+    "h100_sxm": (6, 12, 768, 512, 16),
+    "a100": (6, 12, 768, 512, 16),
+    "mi300x": (6, 12, 768, 512, 16),
     "t4": (6, 6, 384, 256, 16),
     "rtx4090": (6, 6, 384, 256, 16),
     "mps": (4, 4, 256, 256, 16),
 }
 
 
-def sizes(device: str | torch.device) -> tuple[int, int, int, int, int]:
+def sizes(device: str | torch.device, recipe: bool = False) -> tuple[int, int, int, int, int]:
     """capstone_sizes as (n_layer, n_head, d_model, seq_len, batch size)."""
-    cfg, batch = capstone_sizes(device)
+    cfg, batch = capstone_sizes(device, recipe=recipe)
     assert cfg.attention == "manual" and not cfg.checkpoint  # the baseline's
     return cfg.n_layer, cfg.n_head, cfg.d_model, cfg.seq_len, batch
 
@@ -742,6 +772,20 @@ def test_capstone_sizes_grow_with_the_device(fake_gpu, kind: str) -> None:  # no
 
 def test_capstone_sizes_on_the_cpu() -> None:
     assert sizes("cpu") == (2, 4, 64, 256, 4)
+    assert sizes("cpu", recipe=True) == (2, 4, 64, 256, 4)  # the recipe's shape needs a big GPU
+
+
+@pytest.mark.parametrize("kind", ["h100_sxm", "a100", "mi300x"])
+def test_the_recipe_shape_on_a_big_gpu(fake_gpu, kind: str) -> None:  # noqa: ANN001
+    """nanoGPT's GPT-2-small shape, which the public recipe's figure was measured at."""
+    gpu = fake_gpu(kind)
+    assert sizes(gpu.device, recipe=True) == (12, 12, 768, 1024, 16)
+
+
+def test_the_recipe_shape_is_the_public_recipes() -> None:
+    cfg, batch = RECIPE_SIZES
+    shape = (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.seq_len, batch, cfg.vocab_size)
+    assert shape == NANOGPT_H100.shape
 
 
 def test_a100_40gb_gets_the_big_size(fake_gpu) -> None:  # noqa: ANN001
