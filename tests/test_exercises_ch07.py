@@ -70,6 +70,10 @@ def calls_the_cpu_flash_kernel(q, k, v):  # issue 24: another entry point to the
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
 
 
+def calls_the_math_kernel(q, k, v):  # issue 31: a composite, decomposed before dispatch
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=True)[0]
+
+
 def calls_the_c_binding(q, k, v):
     return torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -124,6 +128,10 @@ ATTENTION_MISTAKES = [
     (calls_sdpa, "Write it out"),
     (calls_sdpa_imported, "Write it out"),
     (calls_the_cpu_flash_kernel, "a fused attention kernel"),
+    (
+        calls_the_math_kernel,
+        "PyTorch's own attention operator (aten _scaled_dot_product_attention_math)",
+    ),
     (calls_the_c_binding, "Write it out"),
     (softmax_without_the_max, "Subtract each row's max before exp"),
     (calls_the_model_helper, "you called manual_attention"),
@@ -264,6 +272,16 @@ def test_flops_success_line_compares_with_flop_counter(solutions, capsys) -> Non
     assert check_flops_per_token(solutions["flops_per_token"]).passed
     out = capsys.readouterr().out
     assert "FlopCounterMode" in out and "FLOPs per token" in out and "%" in out
+
+
+def test_flops_as_a_numpy_integer_pass(solutions) -> None:
+    """Issue 31: a NumPy integer is a number (numbers.Real): a right count in one is right."""
+    import numpy as np
+
+    right = solutions["flops_per_token"]
+    assert check_flops_per_token(lambda model: np.int64(right(model))).passed
+    result = check_flops_per_token(lambda model: np.array([right(model)]))
+    assert fails(result, "as a number"), result.message
 
 
 def test_flops_from_the_config_alone_passes() -> None:

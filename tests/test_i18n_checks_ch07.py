@@ -70,3 +70,13 @@ def test_a_right_flop_count_passes_in_chinese(chinese, capsys) -> None:
 def test_english_is_back_after_the_fixture(capsys) -> None:
     assert check_flops_per_token(flops_per_token).passed
     assert capsys.readouterr().out.startswith("✅ Exercise 2, FLOPs per token: correct.")
+
+
+def test_the_math_kernel_ban_is_explained_in_chinese(chinese, capsys) -> None:
+    def calls_the_math_kernel(q, k, v):
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=True)[0]
+
+    result = check_causal_attention(calls_the_math_kernel)
+    out = capsys.readouterr().out
+    assert result.status == FAIL
+    assert "PyTorch 自带的注意力算子（aten _scaled_dot_product_attention_math）" in out, out

@@ -64,15 +64,6 @@ _KEEP_DTYPE = tr_mark(
 )
 
 
-class _NoBuiltinAttention(TorchFunctionMode):
-    """Fail the check when the code inside calls F.scaled_dot_product_attention (chapter 7)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            raise CheckFailed(tr(_WRITE_IT_OUT).format(what="F.scaled_dot_product_attention"))
-        return func(*args, **(kwargs or {}))
-
-
 #: Pieces of the names of the aten ops behind every fused attention entry point: F.sdpa, its
 #: CPU flash, memory-efficient, cuDNN and math kernels, the kernel choice, nn.MultiheadAttention's
 #: fast path and the fused transformer layers.
@@ -85,6 +76,28 @@ _FUSED_ATTENTION_OPS = (
     "native_multi_head_attention",
     "_transformer_encoder_layer_fwd",
 )
+
+
+class _NoBuiltinAttention(TorchFunctionMode):
+    """Fail the check when the code inside calls F.scaled_dot_product_attention or an attention op by name (chapter 7).
+
+    Some aten attention ops (the math kernel, ``aten._scaled_dot_product_attention_math``) are
+    composites: they run as plain matmuls and a softmax, so only their name, seen here before
+    they decompose, gives them away.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = str(getattr(func, "__name__", ""))
+        if name == "scaled_dot_product_attention":
+            raise CheckFailed(tr(_WRITE_IT_OUT).format(what="F.scaled_dot_product_attention"))
+        if any(piece in name for piece in _FUSED_ATTENTION_OPS):
+            what = (
+                tr("PyTorch's own attention operator (aten {name})")
+                if "math" in name
+                else tr("a fused attention kernel (aten {name})")
+            ).format(name=name)
+            raise CheckFailed(tr(_WRITE_IT_OUT).format(what=what))
+        return func(*args, **(kwargs or {}))
 
 
 class _NoFusedAttention(TorchDispatchMode):
@@ -577,7 +590,7 @@ def check_flops_per_token(fn: Callable[[GPT], float]) -> CheckResult:
             with probe(f"{cfg}"):
                 got = _flops_untouched(fn, model)
             expect(
-                isinstance(got, (int, float)) and not isinstance(got, bool),
+                isinstance(got, numbers.Real) and not isinstance(got, bool),
                 tr("return the FLOPs per token as a number, not {type}.").format(
                     type=type(got).__name__
                 ),
