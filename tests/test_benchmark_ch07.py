@@ -251,3 +251,36 @@ def test_fp8_is_judged_against_the_final_row(monkeypatch: pytest.MonkeyPatch) ->
 
     assert bench.fp8_row(Search(), 1.0) is None
     assert seen == [(Levers(resident=True, sdpa=True, fp8=True), Search.final_row)]
+
+
+def test_the_headline_times_baseline_against_the_final_configuration_only() -> None:
+    """--headline (gpu_check's timing phase): no same-math table, greedy pass or ablation."""
+    args = ["--device", "cpu", "--rounds", "1", "--min-run-time", "0.05", "--no-compile"]
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--threads", "1", "--headline"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    assert "headline: baseline vs resident + sdpa + fused_adamw;" in out
+    assert "amp: left out here: it changes the rounding; the CPU target keeps the math" in out
+    assert "compile: left out here: left out (--no-compile)" in out
+    assert "fp8: skipped here: FP8 matmuls need an NVIDIA GPU" in out
+    for section in ("same math: each lever alone", "the greedy pass", "the ablation:"):
+        assert section not in out, section
+    assert re.search(r"^\s*baseline\s+[\d.]+\s+[\d.]+\s+[\d,]+\s", out, re.M)
+    assert re.search(r"^\s*final\s+[\d.]+\s+[\d.]+\s+[\d,]+\s", out, re.M)
+    target = re.search(r"^CPU target: 1.3x with the same math; .*$", out, re.M)[0]
+    busy = "inconclusive, the machine was busy" in target
+    assert busy or re.search(r"(meets|is BELOW) it \(same math\)$", target), target
+    assert re.search(r"^final vs baseline \(tokens/s, median\): \d+\.\d\dx$", out, re.M)
+
+
+def test_headline_levers_by_name_and_a_wrong_name_refused(capsys) -> None:  # noqa: ANN001
+    bench = load_script()
+    assert bench.levers_named("sdpa, amp").label() == "sdpa + amp"
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--headline", "--levers", "sdpa,warp_drive"])
+    assert exc.value.code == 2 and "--levers" in capsys.readouterr().err
