@@ -291,3 +291,217 @@ def test_the_stretch_check_says_why_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ch08, "triton_status", lambda d: TritonStatus(False, "unavailable", "no triton for Darwin"))  # fmt: skip
     result = check_triton_backward(lambda *args: None)
     assert result.status == SKIP and "no triton for Darwin" in capsys.readouterr().out
+
+
+# --- issue 31: wrong answers the checks used to accept, right ones they used to refuse ----------
+
+
+def merge_deciding_for_the_whole_tensor(a, b):
+    """Empty states handled for the whole tensor at once: right only when every row is empty."""
+    (ma, la, acca), (mb, lb, accb) = a, b
+    if torch.isinf(ma).all():
+        return mb, lb, accb
+    if torch.isinf(mb).all():
+        return ma, la, acca
+    return merge(a, b, safe=False)
+
+
+def merge_with_one_safe_max(a, b):
+    """One safe max for the whole tensor: 0 as soon as any row is empty."""
+    (ma, la, acca), (mb, lb, accb) = a, b
+    m = torch.maximum(ma, mb)
+    ms = torch.zeros_like(m) if torch.isinf(m).any() else m
+    sa, sb = torch.exp(ma - ms), torch.exp(mb - ms)
+    return m, la * sa + lb * sb, acca * sa[..., None] + accb * sb[..., None]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (merge_deciding_for_the_whole_tensor, "choose the safe max row by row"),
+        (merge_with_one_safe_max, "every row needs its own safe max"),
+    ],
+)
+def test_rows_empty_beside_real_rows_are_probed(wrong, hint: str) -> None:
+    """Accepted before issue 31 (the empty probe only had states empty in every row)."""
+    result = check_merge_states(wrong)
+    assert fails(result, "[probe: rows empty in a, in b, in both and in neither", hint), result.message  # fmt: skip
+
+
+def test_a_merge_that_zeroes_the_nan_of_empty_rows_passes() -> None:
+    def with_nan_to_num(a, b):
+        (ma, la, acca), (mb, lb, accb) = a, b
+        m = torch.maximum(ma, mb)
+        sa, sb = (torch.nan_to_num(torch.exp(x - m), nan=0.0) for x in (ma, mb))
+        return m, la * sa + lb * sb, acca * sa[..., None] + accb * sb[..., None]
+
+    assert check_merge_states(with_nan_to_num).passed
+
+
+def tiled_by(q, k, v, causal=False, block=16, *, rows=None, keys=None, m0=-math.inf):
+    """The right math in tiles of `rows` queries and `keys` keys (None: all of them at once)."""
+    t, work = q.size(-2), torch.promote_types(q.dtype, torch.float32)
+    rows, keys = rows or t, keys or t
+    outs, lses = [], []
+    for qs in range(0, t, rows):
+        qi = q[..., qs : qs + rows, :].to(work) / math.sqrt(q.size(-1))
+        at = torch.arange(qs, qs + qi.size(-2))[:, None]
+        m = torch.full(qi.shape[:-1], m0, dtype=work)
+        ell, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for ks in range(0, min(t, qs + qi.size(-2)) if causal else t, keys):
+            s = qi @ k[..., ks : ks + keys, :].to(work).transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ks + s.size(-1))[None, :] > at, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            p, r = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            ell = ell * r + p.sum(-1)
+            acc = acc * r[..., None] + p @ v[..., ks : ks + keys, :].to(work)
+            m = m_new
+        outs.append((acc / ell[..., None]).to(q.dtype))
+        lses.append(m + torch.log(ell))
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+HELPERS_IN_A_DICT = {"forward": flash_forward}
+aliased_forward = (
+    flash_forward  # what `from helpers.flash_attention import flash_forward as f` makes
+)
+
+
+def tiled_with_an_alias(q, k, v, causal=False, block=16):
+    return aliased_forward(q, k, v, causal, block, block)
+
+
+def tiled_through_a_dict(q, k, v, causal=False, block=16):
+    return HELPERS_IN_A_DICT["forward"](q, k, v, causal, block, block)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hints"),
+    [
+        (
+            lambda q, k, v, causal=False, block=16: tiled_by(q, k, v, causal, block, keys=block),
+            ("64 x 16 scores", "Tile the queries too"),
+        ),  # fmt: skip
+        (
+            lambda q, k, v, causal=False, block=16: tiled_by(q, k, v, causal, block, rows=block),
+            ("16 x 64 scores", "Tile the keys too"),
+        ),  # fmt: skip
+        (
+            lambda q, k, v, causal=False, block=16: tiled_by(q, k, v, causal, 16, rows=16, keys=16),
+            ("blocks of 8", "tiles of 16 x 16 scores, but block=8"),
+        ),  # fmt: skip
+        (tiled_with_an_alias, ("ran the chapter's flash_forward (under another name)",)),
+        (tiled_through_a_dict, ("ran the chapter's flash_forward (under another name)",)),
+        (
+            lambda q, k, v, causal=False, block=16: tiled_by(
+                q, k, v, causal, block, rows=block, keys=block, m0=0.0
+            ),
+            ("underflowed", "Start the running max at -inf"),
+        ),  # fmt: skip
+    ],
+)
+def test_tiling_and_the_helpers_are_checked_at_any_block(wrong, hints: tuple[str, ...]) -> None:
+    """Accepted before issue 31 (but the last, told it overflowed where it underflowed)."""
+    result = check_tiled_attention(wrong)
+    assert fails(result, *hints), result.message
+
+
+def test_a_forward_with_einsum_and_inputs_converted_whole_passes() -> None:
+    def with_einsum(q, k, v, causal=False, block=16):
+        t, work = q.size(-2), torch.promote_types(q.dtype, torch.float32)
+        qw, kw, vw = (x.to(work) for x in (q, k, v))  # whole (T, head_dim) copies: not scores
+        qw = qw / math.sqrt(q.size(-1))
+        outs, lses = [], []
+        for qs in range(0, t, block):
+            qi = qw[..., qs : qs + block, :]
+            m = torch.full(qi.shape[:-1], -math.inf, dtype=work)
+            ell, acc = torch.zeros_like(m), torch.zeros_like(qi)
+            for ks in range(0, min(t, qs + block) if causal else t, block):
+                s = torch.einsum("bhqd,bhkd->bhqk", qi, kw[..., ks : ks + block, :])
+                if causal:
+                    later = torch.arange(ks, ks + s.size(-1))[None, :] > torch.arange(qs, qs + s.size(-2))[:, None]  # fmt: skip
+                    s = s.masked_fill(later, -math.inf)
+                m_new = torch.maximum(m, s.amax(-1))
+                p, r = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+                ell = ell * r + p.sum(-1)
+                acc = acc * r[..., None] + torch.einsum("bhqk,bhkd->bhqd", p, vw[..., ks : ks + block, :])  # fmt: skip
+                m = m_new
+            outs.append((acc / ell[..., None]).to(q.dtype))
+            lses.append(m + torch.log(ell))
+        return torch.cat(outs, -2), torch.cat(lses, -1)
+
+    result = check_tiled_attention(with_einsum)
+    assert result.passed, result.message
+
+
+def solution_variant(name: str, replacements: list[tuple[str, str]]):
+    """The solution's triton_flash_backward with its source edited: a kernel that races, or adds atomically."""
+    import json
+
+    cell = next(
+        "".join(c["source"])
+        for c in json.loads(open(SOLUTIONS, encoding="utf-8").read())["cells"]
+        if "def triton_flash_backward" in "".join(c["source"])
+    )
+    for old, new in replacements:
+        assert old in cell, old
+        cell = cell.replace(old, new)
+    namespace: dict = {}
+    exec(compile(cell, f"<{name}>", "exec"), namespace)  # noqa: S102 - the course's own solution
+    return namespace["triton_flash_backward"]
+
+
+#: dQ from the dK/dV kernel: every key tile's program loads, adds and stores the same dQ rows
+DQ_FROM_EVERY_KEY_TILE = [
+    ("dk_ptr, dv_ptr, seq_len", "dk_ptr, dv_ptr, dq_ptr, seq_len"),
+    (
+        '            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")\n',
+        '            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")\n'
+        '            part = tl.dot(ds, k, input_precision="ieee") * scale\n'
+        "            old = tl.load(dq_ptr + qo, mask=rows[:, None] < seq_len, other=0.0)\n"
+        "            tl.store(dq_ptr + qo, old + part, mask=rows[:, None] < seq_len)\n",
+    ),
+    ("dq, dk, dv = torch.empty_like(q)", "dq, dk, dv = torch.zeros_like(q)"),
+    (
+        "dk_dv_kernel[grid](q, k, v, dout, lse, delta, dk, dv, *args, **meta)\n"
+        "    dq_kernel[grid](q, k, v, dout, lse, delta, dq, *args, **meta)",
+        "dk_dv_kernel[grid](q, k, v, dout, lse, delta, dk, dv, dq, *args, **meta)",
+    ),
+]
+DQ_ADDED_ATOMICALLY = [
+    *DQ_FROM_EVERY_KEY_TILE[:1],
+    (
+        DQ_FROM_EVERY_KEY_TILE[1][0],
+        DQ_FROM_EVERY_KEY_TILE[1][0]
+        + '            part = tl.dot(ds, k, input_precision="ieee") * scale\n'
+        "            tl.atomic_add(dq_ptr + qo, part, mask=rows[:, None] < seq_len)\n",
+    ),
+    *DQ_FROM_EVERY_KEY_TILE[2:],
+]
+
+
+@pytest.mark.skipif(not RUNS, reason="Triton cannot run here (not installed, or no interpreter)")
+def test_the_backward_must_run_in_triton_whatever_torch_calls_it() -> None:
+    """SDPA differentiated by torch.autograd.grad: no Triton at all, accepted before issue 31."""
+
+    def sdpa_and_autograd(q, k, v, out, lse, dout, causal=False):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.autograd.grad(o, (q, k, v), dout)
+
+    result = check_triton_backward(sdpa_and_autograd)
+    assert fails(result, "torch ran _scaled_dot_product", "torch.autograd.grad"), result.message
+
+
+@pytest.mark.skipif(
+    not RUNS or torch.cuda.is_available(), reason="the store watch needs Triton's interpreter"
+)
+def test_programs_that_race_on_dq_fail_and_atomic_adds_pass(capsys) -> None:  # noqa: ANN001
+    """Two programs storing the same dQ rows: right values in the interpreter, accepted before issue 31."""
+    racing = solution_variant("racing", DQ_FROM_EVERY_KEY_TILE)
+    result = check_triton_backward(racing)
+    assert fails(result, "elements of dq were written by more than one program", "one after another"), result.message  # fmt: skip
+    atomic = check_triton_backward(solution_variant("atomic", DQ_ADDED_ATOMICALLY))
+    assert atomic.passed, atomic.message
+    assert "cannot check what only a GPU shows" in capsys.readouterr().out

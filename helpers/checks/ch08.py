@@ -9,19 +9,33 @@ sum of absolute terms, followed through each sum (never tuned to a seed).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.attention_tiles import lse_rounding_bound, rounding_bound
-from helpers.attention_triton import triton_status
+from helpers.attention_triton import (
+    TritonFlashAttention,
+    triton_attention,
+    triton_flash_forward,
+    triton_status,
+)
 from helpers.checks import CheckFailed, CheckResult, expect, names_used, probe, run_check
-from helpers.flash_attention import flash_backward, flash_forward
+from helpers.flash_attention import FlashAttention, flash_attention, flash_backward, flash_forward
 from helpers.i18n import tr, tr_mark
+
+try:  # Triton's interpreter, instrumented by exercise 5's check on a CPU
+    from triton.runtime import interpreter as triton_interpreter
+except ImportError:  # no Triton here: exercise 5's check says so and skips
+    triton_interpreter = None
 
 #: The status of a check that could not run here (Triton missing), printed with ⏭.
 SKIP = "skip"
@@ -217,6 +231,40 @@ def _empty_probe(fn: Callable[..., Any]) -> None:
             )
 
 
+def _mixed_empty_probe(fn: Callable[..., Any]) -> None:
+    """Rows empty beside rows that are not, as in a causal tile: the safe max is per row (chapter 8).
+
+    Row 0 is empty in a only, row 1 in both, row 2 in b only, row 3 in neither: a merge that
+    tests the whole tensor (``if torch.isinf(m).all()``, ``.any()``) instead of each row
+    either gets NaN in row 1 or rescales the real rows against the wrong max.
+    """
+    g = torch.Generator().manual_seed(6)
+    name = tr("rows empty in a, in b, in both and in neither, side by side")
+    a, b = (_state(torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)) for _ in range(2))  # fmt: skip
+    for state, rows in ((a, [0, 1]), (b, [1, 2])):
+        empty = _empty_state(state)
+        for part, hidden in zip(state, empty):
+            part[rows] = hidden[rows]
+    got = _call_merge(fn, name, a, b)
+    want = _merge(*(tuple(t.double() for t in s) for s in (a, b)))
+    if all(_within(gp, w, t) for gp, w, t in zip(got, want, _merge_tolerance(a, b, torch.float32))):  # fmt: skip
+        return
+    if any(torch.isnan(t).any() for t in got):
+        hint = tr(
+            "you got NaN in a row that is empty in both states, beside rows that are not (a "
+            "causal tile has such rows): choose the safe max row by row, m_safe = torch.where("
+            "torch.isinf(m), 0, m), not once for the whole tensor (if torch.isinf(m).all() / "
+            ".any() ...)."
+        )
+    else:
+        hint = tr(
+            "rows empty in one state beside real rows came out wrong: every row needs its own "
+            "safe max (torch.where(torch.isinf(m), 0, m), row by row), never one decision for "
+            "the whole tensor. {advice}"
+        ).format(advice=_merge_hint(got, a, b))
+    raise CheckFailed(_at(name, hint))
+
+
 def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
     """Exercise 1: merge two (max, sum, accumulator) softmax states, as a tile loop does (chapter 8)."""
 
@@ -225,6 +273,7 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
         _merge_probe(fn, tr("rows shaped (2, 3), float32"), (2, 3), torch.float32, 1.0, 1)
         _merge_probe(fn, tr("scores of about 100, float32"), (4,), torch.float32, 100.0, 2)
         _empty_probe(fn)
+        _mixed_empty_probe(fn)
         g = torch.Generator().manual_seed(3)
         a = _state(torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
         b = _state(5 + torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g))
@@ -252,15 +301,49 @@ class _Watch(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.shapes: list[tuple[int, ...]] = []
-        self.products: list[tuple[int, ...]] = []  # output shapes of matrix products
+        #: (size of the summed dimension, output shape) of every matrix product
+        self.products: list[tuple[int, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]  # fmt: skip
         self.shapes += [tuple(t.shape) for t in outs]
-        if func.overloadpacket.__name__ in ("mm", "bmm", "matmul", "baddbmm", "addmm"):
-            self.products += [tuple(t.shape) for t in outs]
+        name = func.overloadpacket.__name__
+        if name in _PRODUCTS:
+            left = args[1] if name in ("addmm", "baddbmm", "addbmm") else args[0]
+            self.products += [(left.shape[-1], tuple(t.shape)) for t in outs]
         return out
+
+
+#: aten's matrix products, as a dispatch mode sees them (torch.matmul, @ and einsum end in these).
+_PRODUCTS = ("mm", "bmm", "matmul", "baddbmm", "addmm", "addbmm")
+
+
+@contextlib.contextmanager
+def _calls_to(banned: dict[CodeType, str]) -> Iterator[list[str]]:
+    """The names of the `banned` functions that ran inside, however they were reached (chapter 8).
+
+    A profile function sees every Python call by its code object: an alias (``from ... import
+    flash_forward as ff``), a module attribute or a function kept in a dict all end in the same
+    code, which a scan of the names in the learner's code cannot follow.
+    """
+    seen: list[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+        if event == "call" and frame.f_code in banned:
+            seen.append(banned[frame.f_code])
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def _code(fn: Any) -> CodeType:
+    """The code object of a function, a static method or a Triton kernel (chapter 8)."""
+    return getattr(fn, "fn", fn).__code__
 
 
 class _NoSoftmaxOrSdpa(TorchFunctionMode):
@@ -281,6 +364,15 @@ class _NoSoftmaxOrSdpa(TorchFunctionMode):
 
 #: The chapter's functions that compute the tiled forward: the exercise text names them all.
 _HELPERS = ("flash_forward", "flash_attention", "FlashAttention", "triton_flash_forward")
+#: The same, by their code, caught however the learner reached them (an alias, a dict).
+_FORWARD_CODES = {
+    _code(flash_forward): "flash_forward",
+    _code(flash_attention): "flash_attention",
+    _code(FlashAttention.forward): "FlashAttention",
+    _code(triton_flash_forward): "triton_flash_forward",
+    _code(TritonFlashAttention.forward): "TritonFlashAttention",
+    _code(triton_attention): "triton_attention",
+}
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, hide: str = "", block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -359,8 +451,18 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
 def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
     """Call the learner's forward under watch; check types, shapes, dtypes, inputs unchanged (chapter 8)."""
     copies = [(t.clone(), t._version) for t in qkv]
-    with probe(name), _NoSoftmaxOrSdpa(), _Watch() as watch:
+    with probe(name), _calls_to(_FORWARD_CODES) as helpers, _NoSoftmaxOrSdpa(), _Watch() as watch:
         got = fn(*qkv, causal=causal, block=block)
+    expect(
+        not helpers,
+        _at(
+            name,
+            tr(
+                "your code ran the chapter's {helper} (under another name), which does the "
+                "exercise for you: write the tile loop."
+            ).format(helper=helpers[0] if helpers else ""),
+        ),
+    )
     expect(
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
         _at(
@@ -398,6 +500,28 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
     return out, lse, watch
 
 
+def _large_scores_hint(out: torch.Tensor, qkv: list[torch.Tensor], causal: bool) -> str:
+    """Overflow or underflow, from the real max score of each row whose output is not finite (chapter 8).
+
+    A row whose largest score is positive overflows exp(s) without the max subtracted; a row
+    whose scores are all far below 0 underflows exp(s - m) to 0 for every key when the running
+    max starts at 0 instead of -inf, and l = 0 gives 0 / 0.
+    """
+    q, k = (x.double() for x in qkv[:2])
+    s = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
+    if causal:
+        t = q.size(-2)
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
+    row_max = s.amax(-1)[~torch.isfinite(out).all(-1)]
+    if (row_max > 0).any():
+        return tr("scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")  # fmt: skip
+    return tr(
+        "rows whose largest score is far below 0 (down to {low:.0f}) came out NaN or inf: "
+        "exp(s - 0) underflowed to 0 for every key, so l = 0 and out = 0 / 0. Start the running "
+        "max at -inf, not 0: then m is the row's own max and its largest exp(s - m) is 1."
+    ).format(low=row_max.min().item())
+
+
 def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...], dtype: torch.dtype, causal: bool, block: int, size: float = 1.0) -> _Watch:  # fmt: skip
     """Output and log-sum-exp against the exact ones, within twice the rounding bound (chapter 8)."""
     g = torch.Generator().manual_seed(sum(shape) + block)
@@ -412,44 +536,86 @@ def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...]
     )
     if not ok:
         if size > 10 and not torch.isfinite(out).all():
-            raise CheckFailed(_at(name, tr("scores of about 100 overflow exp: subtract the running max (exp(s - m_new)), never exp(s) alone.")))  # fmt: skip
+            raise CheckFailed(_at(name, _large_scores_hint(out, qkv, causal)))
         raise CheckFailed(_at(name, _tiled_hint(out, lse, qkv, causal, block, dtype.itemsize < 4)))
     return watch
 
 
+def _score_tiles(watch: _Watch, head_dim: int) -> list[tuple[int, int]]:
+    """(queries, keys) of every product of a q tile and a k tile: the ones that sum over head_dim (chapter 8).
+
+    The probes pick a head_dim that no tile has as a length, so that P @ V (summed over keys)
+    never counts as scores.
+    """
+    return [(out[-2], out[-1]) for summed, out in watch.products if summed == head_dim and len(out) >= 2]  # fmt: skip
+
+
 def _work_probe(fn: Callable[..., Any]) -> None:
-    """No T x T tensor is ever made, and a causal run skips the key tiles after the diagonal (chapter 8)."""
-    t, block = 64, 16  # head_dim 8: a tile of scores is (16, 16), of outputs (16, 8)
-    for causal in (False, True):
-        name = tr("T = {t}, blocks of {block}, head_dim 8, causal={causal}, what was computed").format(t=t, block=block, causal=causal)  # fmt: skip
-        watch = _tiled_value_probe(fn, name, (1, 2, t, 8), torch.float32, causal, block)
-        big = [s for s in watch.shapes if len(s) >= 2 and s[-1] > block and s[-2] > block]
-        if big:
-            raise CheckFailed(
-                _at(
-                    name,
-                    tr(
-                        "you made a tensor of shape {shape}: "
-                        "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
-                        "scores at a time."
-                    ).format(shape=max(big, key=lambda s: s[-1] * s[-2])),
+    """Every tile of scores is at most block x block, at the block given, and a causal run skips the tiles after the diagonal (chapter 8).
+
+    Two sizes: T = 64 in tiles of 16 (head_dim 8), and T = 36 in tiles of 8 (the last one of
+    4, head_dim 12): an answer that ignores `block`, or tiles only the queries or only the keys,
+    makes a product larger than block x block at one of them.
+    """
+    for t, block, d in ((64, 16, 8), (36, 8, 12)):
+        for causal in (False, True):
+            name = tr("T = {t}, blocks of {block}, head_dim {d}, causal={causal}, what was computed").format(t=t, block=block, d=d, causal=causal)  # fmt: skip
+            watch = _tiled_value_probe(fn, name, (1, 2, t, d), torch.float32, causal, block)
+            tiles = _score_tiles(watch, d)
+            wide = [(r, c) for r, c in tiles if r > block or c > block]
+            if wide:
+                rows, keys = max(wide, key=lambda s: s[0] * s[1])
+                if rows > block and keys > block and max(rows, keys) < t:
+                    hint = tr(
+                        "you computed tiles of {rows} x {keys} scores, but block={block}: use "
+                        "the block you were given, for the queries and for the keys."
+                    )
+                elif keys <= block:
+                    hint = tr(
+                        "you computed {rows} x {keys} scores at once: all the queries against one "
+                        "key tile. Tile the queries too: one (block x block) tile of scores, "
+                        "block={block}, at a time."
+                    )
+                elif rows <= block:
+                    hint = tr(
+                        "you computed {rows} x {keys} scores at once: one query tile against all "
+                        "the keys. Tile the keys too: one (block x block) tile of scores, "
+                        "block={block}, at a time."
+                    )
+                else:
+                    hint = tr(
+                        "you computed {rows} x {keys} scores at once: with tiles, no T x T scores "
+                        "ever exist. Compute one (block x block) tile of scores at a time, "
+                        "block={block}."
+                    )
+                raise CheckFailed(_at(name, hint.format(rows=rows, keys=keys, block=block)))
+            # a T x T tensor made any other way (never one shaped like q or k^T: head_dim is a side)
+            big = [s for s in watch.shapes if len(s) >= 2 and min(s[-2:]) > block and d not in s[-2:]]  # fmt: skip
+            if big:
+                raise CheckFailed(
+                    _at(
+                        name,
+                        tr(
+                            "you made a tensor of shape {shape}: "
+                            "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
+                            "scores at a time."
+                        ).format(shape=max(big, key=lambda s: s[-1] * s[-2])),
+                    )
                 )
-            )
-        tiles = sum(1 for s in watch.products if len(s) >= 2 and s[-2:] == (block, block))
-        n = t // block
-        most = n * (n + 1) // 2 if causal else n * n
-        if causal and tiles > most:
-            raise CheckFailed(
-                _at(
-                    name,
-                    tr(
-                        "you computed {tiles} tiles of scores (q tile @ k tile^T); a "
-                        "causal run needs at most {most} ({n} query tiles x the key tiles up "
-                        "to the diagonal). Stop each query tile's loop at its last query: later keys are "
-                        "all hidden, and computing them doubles the work."
-                    ).format(tiles=tiles, most=most, n=n),
+            n = -(-t // block)
+            most = n * (n + 1) // 2 if causal else n * n
+            if causal and len(tiles) > most:
+                raise CheckFailed(
+                    _at(
+                        name,
+                        tr(
+                            "you computed {tiles} tiles of scores (q tile @ k tile^T); a "
+                            "causal run needs at most {most} ({n} query tiles x the key tiles up "
+                            "to the diagonal). Stop each query tile's loop at its last query: later keys are "
+                            "all hidden, and computing them doubles the work."
+                        ).format(tiles=len(tiles), most=most, n=n),
+                    )
                 )
-            )
 
 
 def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> CheckResult:
@@ -500,14 +666,175 @@ class _NoTorchMatmul(TorchFunctionMode):
 _BACKWARD_HELPERS = ("flash_backward", "FlashAttention", "flash_attention", "TritonFlashAttention", "triton_attention")  # fmt: skip
 
 
+class _TorchProducts(TorchDispatchMode):
+    """Record every matrix product or attention kernel torch runs inside, backward included (chapter 8).
+
+    Seen at aten's level, so that SDPA differentiated by torch.autograd.grad, a product in a
+    helper of the learner's or one reached through einsum all count, whatever their name.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = func.overloadpacket.__name__
+        if name in (*_PRODUCTS, "dot", "vdot", "mv", "addmv", "linear", "_softmax", "_softmax_backward_data") or "attention" in name:  # fmt: skip
+            self.ran.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+Launch = list[tuple[tuple[int, ...], np.ndarray, bool]]
+
+
+@contextlib.contextmanager
+def _triton_stores() -> Iterator[list[Launch]]:
+    """Every address each program of each Triton launch stores to, under the interpreter (chapter 8).
+
+    One list per launch of (program id, addresses, atomic or not): tl.store (and
+    tl.atomic_xchg, a store too) through the interpreter's store, tl.atomic_add and the other
+    read-modify-writes through its atomic ones. The interpreter runs the programs one after
+    another, so two programs that load, add and store the same place lose nothing here, but
+    on a GPU they run at once: the addresses say what the values cannot.
+    """
+    launches: list[Launch] = []
+    if triton_interpreter is None:
+        yield launches
+        return
+    builder, grid = triton_interpreter.InterpreterBuilder, triton_interpreter.GridExecutor
+    store, rmw, cas, call = builder.create_masked_store, builder.create_atomic_rmw, builder.create_atomic_cas, grid.__call__  # fmt: skip
+
+    def record(self: Any, ptrs: Any, mask: Any, atomic: bool) -> None:
+        if launches:
+            where = np.ones(ptrs.data.shape, bool) if mask is None else np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)  # fmt: skip
+            launches[-1].append((tuple(self.grid_idx), np.asarray(ptrs.data)[where].astype(np.uint64), atomic))  # fmt: skip
+
+    def masked_store(self, ptrs, value, mask, cache_policy):  # noqa: ANN001, ANN202
+        record(self, ptrs, mask, False)
+        return store(self, ptrs, value, mask, cache_policy)
+
+    def atomic_rmw(self, op, ptr, val, mask, sem, scope):  # noqa: ANN001, ANN202
+        record(self, ptr, mask, True)
+        return rmw(self, op, ptr, val, mask, sem, scope)
+
+    def atomic_cas(self, ptr, cmp, val, sem, scope):  # noqa: ANN001, ANN202
+        record(self, ptr, None, True)
+        return cas(self, ptr, cmp, val, sem, scope)
+
+    def launch(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        launches.append([])
+        return call(self, *args, **kwargs)
+
+    patches = {(builder, "create_masked_store"): masked_store, (builder, "create_atomic_rmw"): atomic_rmw,
+               (builder, "create_atomic_cas"): atomic_cas, (grid, "__call__"): launch}  # fmt: skip
+    try:
+        for (owner, name), fn in patches.items():
+            setattr(owner, name, fn)
+        yield launches
+    finally:
+        for (owner, name), fn in zip(patches, (store, rmw, cas, call)):
+            setattr(owner, name, fn)
+
+
+def _raced(launch: Launch) -> np.ndarray:
+    """The addresses that two programs of one launch wrote, one of them with a plain store (chapter 8)."""
+    if not launch:
+        return np.zeros(0, np.uint64)
+    addr = np.concatenate([a for _, a, _ in launch])
+    ids = {pid: n for n, pid in enumerate(dict.fromkeys(pid for pid, _, _ in launch))}
+    prog = np.concatenate([np.full(a.size, ids[pid]) for pid, a, _ in launch])
+    plain = np.concatenate([np.full(a.size, not atomic) for _, a, atomic in launch])
+    order = np.lexsort((prog, addr))
+    addr, prog, plain = addr[order], prog[order], plain[order]
+    first = np.r_[True, addr[1:] != addr[:-1]]
+    group = np.cumsum(first) - 1
+    programs = np.bincount(group, weights=first | np.r_[True, prog[1:] != prog[:-1]])
+    stores = np.bincount(group, weights=plain)
+    return addr[first][(programs > 1) & (stores > 0)]
+
+
+def _addresses(t: torch.Tensor) -> np.ndarray:
+    """The address of each element of t, as a Triton pointer holds it (chapter 8)."""
+    index = torch.zeros(t.shape, dtype=torch.int64)
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        shape = [1] * t.dim()
+        shape[dim] = size
+        index = index + torch.arange(size).view(shape) * stride
+    return (t.data_ptr() + index.reshape(-1).numpy() * t.element_size()).astype(np.uint64)
+
+
+#: Said where the check ran the kernels in Triton's interpreter (on a CPU).
+_CPU_LIMITS = tr_mark(
+    "on this CPU, Triton's interpreter ran your kernels one program at a time: the check read "
+    "their stores for races, but it cannot check what only a GPU shows: the speed, TF32 "
+    "rounding (input_precision), tile sizes that do not fit in a GPU's shared memory, and "
+    "code the interpreter runs but the compiler rejects. Run the check on a GPU for those."
+)
+
+
+def _expect_triton_wrote(name: str, launches: list[Launch], got: tuple[torch.Tensor, ...]) -> None:
+    """Under the interpreter: Triton stored every element of dq, dk, dv, and no two programs raced (chapter 8)."""
+    expect(launches, _at(name, tr("no Triton kernel ran: launch your kernels (kernel[grid](...)) to compute dq, dk and dv; PyTorch may only allocate the outputs and compute D = rowsum(dO * O).")))  # fmt: skip
+    written = np.unique(np.concatenate([a for launch in launches for _, a, _ in launch] or [np.zeros(0, np.uint64)]))  # fmt: skip
+    for part, t in zip(("dq", "dk", "dv"), got):
+        if t.device.type != "cpu":
+            continue
+        mine = _addresses(t)
+        missing = int((~np.isin(mine, written)).sum())
+        expect(
+            missing == 0,
+            _at(
+                name,
+                tr(
+                    "{missing} of the {numel} elements of the {part} you returned were not stored "
+                    "by a Triton kernel: return the tensors your kernels write (tl.store), not "
+                    "values computed or copied by PyTorch."
+                ).format(missing=missing, numel=t.numel(), part=part),
+            ),
+        )
+        raced = [int(np.isin(_raced(launch), mine).sum()) for launch in launches]
+        expect(
+            not any(raced),
+            _at(
+                name,
+                tr(
+                    "{n} elements of {part} were written by more than one program of the same "
+                    "launch, at least once with a plain tl.store (load, add, store): on a GPU "
+                    "those programs run at the same time and one overwrites the others' sums. "
+                    "Triton's interpreter on this CPU runs the programs one after another, so the "
+                    "values came out right here; the check found the race in the addresses your "
+                    "kernel stores to. Give each element one program that writes it (a dQ kernel "
+                    "per query tile), or add with tl.atomic_add."
+                ).format(n=max(raced), part=part),
+            ),
+        )
+
+
 def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, device: torch.device) -> None:  # fmt: skip
-    """dq, dk, dv of the learner's kernels against flash_backward within twice the bound (chapter 8)."""
+    """dq, dk, dv of the learner's kernels against flash_backward within twice the bound (chapter 8).
+
+    Torch's products and attention kernels are watched at aten's level (autograd's too); under
+    the interpreter, every Triton store is watched as well (_triton_stores).
+    """
     g = torch.Generator().manual_seed(sum(shape))
     q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
     out, lse = flash_forward(q, k, v, causal)
     name = tr("shape {shape}, causal={causal}").format(shape=shape, causal=causal)
-    with probe(name), _NoTorchMatmul():
+    # (the chapter's flash_backward under another name runs torch's matmul: caught by name)
+    with probe(name), _triton_stores() as launches, _NoTorchMatmul(), _TorchProducts() as products:
         got = fn(q, k, v, out, lse, dout, causal)
+    expect(
+        not products.ran,
+        _at(
+            name,
+            tr(
+                "torch ran {ops} inside your function (a matrix product or an attention kernel, "
+                "maybe through torch.autograd.grad or a helper): the products of the backward "
+                "belong in the Triton kernel (tl.dot). PyTorch may only allocate the outputs and "
+                "compute D = rowsum(dO * O)."
+            ).format(ops=", ".join(dict.fromkeys(products.ran))),
+        ),
+    )
     expect(isinstance(got, tuple) and len(got) == 3, _at(name, tr("return (dq, dk, dv).")))
     want = flash_backward(q, k, v, out, lse, dout, causal)
     bound = rounding_bound(q, k, v, dout, causal)
@@ -523,10 +850,25 @@ def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool
                 ),  # fmt: skip
             }
             raise CheckFailed(_at(name, tr("{part} is off by {ratio:.3g} x the rounding bound: {advice}").format(part=part, ratio=ratio, advice=hints[part])))  # fmt: skip
+    if device.type == "cpu":
+        _expect_triton_wrote(name, launches, got)
 
 
 def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckResult:
-    """Exercise 5 (stretch): the attention backward as Triton kernels, equal to flash_backward's (chapter 8)."""
+    """Exercise 5 (stretch): the attention backward as Triton kernels, equal to flash_backward's (chapter 8).
+
+    Everywhere: dq, dk, dv within twice the rounding bound of flash_backward's, and no matrix
+    product or attention kernel run by torch (seen at aten's level, autograd's included), nor
+    the chapter's backward under any name. On a CPU, Triton's interpreter runs the kernels one
+    program at a time, so a race between programs (two of them loading, adding and storing
+    the same dQ rows) loses no update there: the check instead records every address each
+    program stores to (the interpreter's store and atomic functions, patched) and fails when
+    two programs of one launch write the same element with a plain store, or when an element
+    returned was not stored by a kernel. What the CPU cannot check, and the check says so
+    after a pass: speed, TF32 rounding (input_precision), tiles too large for a GPU's shared
+    memory, and code the interpreter accepts but the compiler rejects. On a GPU the kernels
+    are compiled, their stores cannot be watched, and only the values and torch's ops are.
+    """
     title = tr("Exercise 5, the backward in Triton")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     status = triton_status(device)
@@ -537,7 +879,7 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
         device = torch.device("cpu")
 
     def probes() -> None:
-        for helper in _BACKWARD_HELPERS:
+        for helper in _BACKWARD_HELPERS:  # by name first: a hint before anything runs
             expect(
                 helper not in names_used(fn),
                 tr(
@@ -550,4 +892,7 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
             for shape in ((1, 2, 40, 16), (2, 1, 64, 32)):
                 _backward_probe(fn, shape, causal, device)
 
-    return run_check(title, probes)
+    result = run_check(title, probes)
+    if result.passed and status.mode == "interpreter":
+        print("   " + tr(_CPU_LIMITS))
+    return result
