@@ -471,3 +471,224 @@ def test_a_group_left_broken_is_still_destroyed(tmp_path: Path, monkeypatch) -> 
     with ch08p.one_rank_world(tmp_path):
         assert dist.get_world_size() == 1
     assert not dist.is_initialized()
+
+
+# --- issue 31: wrong answers the checks used to accept, right ones they used to refuse ----------
+
+
+def hooks_waiting_in_the_hook(model):
+    def hook(p):
+        dist.all_reduce(p.grad, async_op=True).wait()  # waits at once: nothing overlaps
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+def hooks_flat_copy_from_the_last_hook(model):
+    params, seen, pending = list(model.parameters()), [], []
+
+    def hook(p):
+        seen.append(p)
+        if len(seen) == len(params):  # the last gradient: reduce them all at once
+            flat = torch.cat([q.grad.reshape(-1) for q in params])
+            pending.append((flat, dist.all_reduce(flat, async_op=True)))
+            seen.clear()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for flat, work in pending:
+            work.wait()
+            offset = 0
+            for q in params:
+                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q) / dist.get_world_size())
+                offset += q.numel()
+        pending.clear()
+
+    return finish
+
+
+def hooks_all_from_the_last_hook(model):
+    params, seen, pending = list(model.parameters()), [], []
+
+    def hook(p):
+        seen.append(p)
+        if len(seen) == len(params):  # each p.grad in place, but only once all have arrived
+            pending.extend((q, dist.all_reduce(q.grad, async_op=True)) for q in params)
+            seen.clear()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for q, work in pending:
+            work.wait()
+            q.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+
+
+def hooks_half_in_finish(model):
+    params, pending = list(model.parameters()), []
+    for p in params[2:]:  # only the last layer's hooks
+        p.register_post_accumulate_grad_hook(
+            lambda p: pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+        )
+
+    def finish():
+        for p in params[:2]:
+            pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+        for p, work in pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+
+
+def hooks_on_a_flat_view(model):
+    """Correct: all-reduce a flattened view of p.grad, the same memory."""
+    pending = []
+
+    def hook(p):
+        pending.append((p, dist.all_reduce(p.grad.view(-1), async_op=True)))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p, work in pending:
+            work.wait()
+            p.grad /= dist.get_world_size()
+        pending.clear()
+
+    return finish
+
+
+def zero1_gather_single(params, shard, optimizer):
+    """Correct: one flat all-gather, under the name the installed torch recommends."""
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = F.pad(flat_grad, (0, world * s - flat_grad.numel()))
+    shard.grad = flat_grad[rank * s : (rank + 1) * s].clone()
+    optimizer.step()
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    flat = torch.empty(world * s, dtype=shard.dtype)
+    gather(flat, shard.detach())
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def zero1_full_state(params, shard, optimizer):
+    """Adds every parameter to the optimizer: full Adam on every rank, and the shard too."""
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    if len(optimizer.param_groups) == 1:
+        optimizer.add_param_group({"params": list(params)})
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = F.pad(flat_grad, (0, world * s - flat_grad.numel()))
+    shard.grad = flat_grad[rank * s : (rank + 1) * s].clone()
+    optimizer.step()  # steps the parameters themselves, and the shard
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())
+
+
+def zero1_own_full_adam(params, shard, optimizer):
+    """Keeps a full Adam of its own beside the shard's: the whole state on every rank."""
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    if not hasattr(optimizer, "full"):
+        optimizer.full = torch.optim.Adam(params, lr=optimizer.param_groups[0]["lr"], foreach=False)
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = F.pad(flat_grad, (0, world * s - flat_grad.numel()))
+    shard.grad = flat_grad[rank * s : (rank + 1) * s].clone()
+    optimizer.step()
+    optimizer.full.step()
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())
+
+
+def zero1_replacing_storage(params, shard, optimizer):
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = F.pad(flat_grad, (0, world * s - flat_grad.numel()))
+    shard.grad = flat_grad[rank * s : (rank + 1) * s].clone()
+    optimizer.step()
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())
+    flat, offset = torch.cat(pieces), 0
+    for p in params:
+        p.data = flat[offset : offset + p.numel()].view_as(p).clone()  # new storage
+        offset += p.numel()
+
+
+def zero1_unpadded(params, shard, optimizer):
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    grad = torch.cat([p.grad.reshape(-1) for p in params])  # 353 elements, never padded
+    shard.grad = grad[rank * s : (rank + 1) * s].clone()  # the last rank's piece is short
+    optimizer.step()
+    pieces = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(pieces, shard.detach())
+    flat, offset = torch.cat(pieces), 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hints"),
+    [
+        (hooks_waiting_in_the_hook, ("[probe: 1 rank] step 1", "work.wait() ran during backward")),
+        (
+            hooks_flat_copy_from_the_last_hook,
+            ("[probe: 1 rank] step 1", "torch.cat of several gradients"),
+        ),  # fmt: skip
+        (hooks_all_from_the_last_hook, ("[probe: 1 rank] step 1", "from a later gradient's hook")),
+        (
+            hooks_half_in_finish,
+            ("[probe: 1 rank] step 1", "2 of 4 gradients were not all-reduced during backward"),
+        ),  # fmt: skip
+        (zero1_full_state, ("[probe: 1 rank] float32, step 1", "1412 elements of state", "706")),
+        (zero1_own_full_adam, ("[probe: 1 rank] float32, step 1", "a full Adam of your own")),
+        (zero1_replacing_storage, ("[probe: 1 rank] float32, step 1", "replaced the storage of 4")),
+    ],
+)
+def test_issue_31_wrong_answers_fail_at_world_size_one(wrong, hints: tuple) -> None:  # noqa: ANN001
+    """Each passed every probe before issue 31 (no overlap, a copy, the whole state, new storage)."""
+    check = (
+        ch08p.check_overlap_hooks if wrong.__name__.startswith("hooks") else ch08p.check_zero1_step
+    )
+    result = check(wrong)
+    assert result.status == FAIL and all(h in result.message for h in hints), result.message
+
+
+@pytest.mark.parametrize("right", [hooks_on_a_flat_view, zero1_gather_single])
+def test_issue_31_right_answers_pass(right) -> None:  # noqa: ANN001
+    """A flattened view of p.grad is p.grad in place; one flat all-gather under today's name."""
+    check = (
+        ch08p.check_overlap_hooks if right.__name__.startswith("hooks") else ch08p.check_zero1_step
+    )
+    result = check(right)
+    assert result.passed, result.message
+
+
+def test_a_rank_that_raises_is_reported_with_its_own_error_at_once() -> None:
+    """Before issue 31: a gloo timeout after about 30 s, the rank's own error lost."""
+    import time
+
+    start = time.perf_counter()
+    result = ch08p.check_zero1_step(zero1_unpadded)
+    assert result.status == FAIL, result.message
+    assert "[probe: 2 ranks, rank 1] your function raised: RuntimeError" in result.message
+    assert "size" in result.message and "Timed out" not in result.message, result.message
+    assert time.perf_counter() - start < 25  # two launches' worth, not a 20-s group timeout

@@ -11,7 +11,14 @@ import re
 
 import pytest
 import torch
-from test_exercises_ch08_parallel import hooks_averaging_twice, hooks_blocking, zero1_in_float32
+from test_exercises_ch08 import merge_deciding_for_the_whole_tensor, tiled_by
+from test_exercises_ch08_parallel import (
+    hooks_averaging_twice,
+    hooks_blocking,
+    hooks_waiting_in_the_hook,
+    zero1_full_state,
+    zero1_in_float32,
+)
 
 from helpers.checks import FAIL, PASS, ch08, ch08_parallel
 
@@ -104,3 +111,34 @@ def test_a_float32_passage_is_measured_in_chinese(capsys) -> None:  # noqa: ANN0
         r"\[探针：1 个 rank\] float64，第 1 步：参数与完整 Adam 的结果相差 [0-9.e+-]+，", out
     ), out
     assert "float32 舍入误差" in out
+
+
+def test_a_wait_inside_the_hook_is_explained_in_chinese(capsys) -> None:  # noqa: ANN001
+    result = ch08_parallel.check_overlap_hooks(hooks_waiting_in_the_hook)
+    out = capsys.readouterr().out
+    assert result.status == FAIL
+    assert "[探针：1 个 rank] 第 1 步：work.wait() 在反向传播期间、在钩子里运行了" in out, out
+
+
+def test_a_full_optimizer_state_is_measured_in_chinese(capsys) -> None:  # noqa: ANN001
+    result = ch08_parallel.check_zero1_step(zero1_full_state)
+    out = capsys.readouterr().out
+    assert result.status == FAIL
+    assert "你调用 step 的优化器共持有 1412 个状态元素" in out and "706 个元素" in out, out
+
+
+def test_rows_empty_beside_real_rows_are_explained_in_chinese(capsys) -> None:  # noqa: ANN001
+    result = ch08.check_merge_states(merge_deciding_for_the_whole_tensor)
+    out = capsys.readouterr().out
+    assert result.status == FAIL
+    assert "[探针：并排的几行：只在 a 中为空" in out and "要逐行选择安全最大值" in out, out
+
+
+def test_tiles_of_the_wrong_size_are_explained_in_chinese(capsys) -> None:  # noqa: ANN001
+    def keys_only(q, k, v, causal=False, block=16):
+        return tiled_by(q, k, v, causal, block, keys=block)
+
+    result = ch08.check_tiled_attention(keys_only)
+    out = capsys.readouterr().out
+    assert result.status == FAIL
+    assert "你一次计算了 64 x 16 个分数：所有查询对一个键分块。" in out, out

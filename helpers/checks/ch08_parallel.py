@@ -41,7 +41,14 @@ from helpers.checks import (
 from helpers.checks.ch04 import is_stub, launched_ranks, payload
 from helpers.comm_overlap import allreduce_rounding_bound
 from helpers.i18n import tr, tr_mark
-from helpers.launch import launch, new_run_dir, read_results
+from helpers.launch import (
+    _LOST_PEER,
+    _STOPPED,
+    _report_failures,
+    launch,
+    new_run_dir,
+    read_results,
+)
 from helpers.scripts import ch08_exercise_check as task
 from helpers.scripts.common import Context, teardown
 
@@ -98,26 +105,42 @@ def run_on_launched_ranks(fn: Callable, name: str, world: int) -> list[dict[str,
             "ch08_exercise_check", world, args, backend="gloo", timeout=120, echo=False,
             check=False, tiny_job=True,
         )  # fmt: skip
-        if not res.ok:
+        # a rank whose function raised saved its error and left at once (the others were
+        # stopped, maybe mid-collective): its own error is the answer, not the launch's
+        saved = _saved_results(out, world) if not res.ok else {}
+        died = [r for r, c in _report_failures(res.lines) if int(r) not in saved and c not in _STOPPED]  # fmt: skip
+        if not res.ok and (died or all(r.get("status") == "ok" for r in saved.values())):
             tail = "\n".join(res.lines[-15:])
             raise CheckFailed(
                 tr("the {world}-rank run failed. {message}\nLast lines:\n{tail}").format(
                     world=world, message=res.message, tail=tail
                 )
             )
-        results = read_results(out, world)
+        results = saved or dict(enumerate(read_results(out, world)))
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    if any(r["status"] == "todo" for r in results):
+    if any(r["status"] == "todo" for r in results.values()):
         raise NotDoneYet
-    errors = [r["error"] for r in results if r["status"] == "error"]
+    errors = [(rank, r["error"]) for rank, r in results.items() if r["status"] == "error"]
+    own = [e for e in errors if not _LOST_PEER.search(e[1])] or errors  # the rank that broke first
     expect(
         not errors,
-        tr("[probe: {world} ranks] your function raised on the ranks: {errors}").format(
-            world=world, errors=errors[:1]
+        tr("[probe: {world} ranks, rank {rank}] your function raised: {error}").format(
+            world=world, rank=own[0][0] if own else 0, error=own[0][1] if own else ""
         ),
     )
-    return results
+    return [results[rank] for rank in range(world)]
+
+
+def _saved_results(out: Path, world: int) -> dict[int, dict[str, Any]]:
+    """The results the ranks saved before a failed launch ended, by rank (chapter 8)."""
+    saved = {}
+    for rank in range(world):
+        path = out / f"rank{rank}.pt"
+        if path.exists():
+            with contextlib.suppress(Exception):  # a file cut short by the stop: no result
+                saved[rank] = torch.load(path, weights_only=True)
+    return saved
 
 
 def _where(world: int, rank: int) -> str:
@@ -180,8 +203,23 @@ _TOO_EARLY = tr_mark(
 )
 _COPY = tr_mark(
     "an all-reduce was given a copy of p.grad (p.grad.clone(), p.grad.to(...), a new tensor "
-    "filled from it): all-reduce p.grad itself, in place, so the sum lands where the optimizer "
-    "reads it, with no extra copy of every gradient: dist.all_reduce(p.grad, async_op=True)."
+    "filled from it, torch.cat of several gradients): all-reduce p.grad itself, in place, so "
+    "the sum lands where the optimizer reads it, with no extra copy of every gradient: "
+    "dist.all_reduce(p.grad, async_op=True)."
+)
+_WAITED_IN_BACKWARD = tr_mark(
+    "work.wait() ran during backward, in a hook: backward stopped there until the sum had "
+    "arrived, so nothing overlapped (it is a blocking all-reduce with extra steps). Keep each "
+    "work the hook starts, and wait for them all in finish(), after backward."
+)
+_LATE = tr_mark(
+    "{n} gradient(s) were all-reduced from a later gradient's hook (all at once when the last "
+    "one arrived?): by then backward had nothing left to compute, so nothing overlapped. Start "
+    "each gradient's all-reduce in its own post-accumulate hook, as soon as it is complete."
+)
+_AFTER_BACKWARD = tr_mark(
+    "{n} of {params} gradients were not all-reduced during backward (only later, in finish()?): "
+    "register the hook on every parameter, and start every all-reduce in its hook."
 )
 _NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
@@ -196,8 +234,16 @@ def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     during = [c for c in calls if c["in backward"]]
     expect(during, at + tr(_NOT_OVERLAPPED))
     expect(all(c["async"] for c in during), at + tr(_BLOCKING))
-    expect(not [c for c in during if c["a copy of a grad"]], at + tr(_COPY))
-    expect(not [c for c in during if c["param shape"] and not c["is a grad"]], at + tr(_TOO_EARLY))
+    expect(not [c for c in during if c["waited in backward"]], at + tr(_WAITED_IN_BACKWARD))
+    # not p.grad's memory: a copy (same values, or another shape: a concatenation), else the
+    # incoming gradient of a register_hook, not yet accumulated
+    other = [c for c in during if not c["is a grad"]]
+    expect(not [c for c in other if c["a copy of a grad"] or not c["param shape"]], at + tr(_COPY))
+    expect(not other, at + tr(_TOO_EARLY))
+    late = [c for c in during if not c["own hook"]]
+    expect(not late, at + tr(_LATE).format(n=len(late)))
+    missing = params - len({c["grad of"] for c in during})
+    expect(missing <= 0, at + tr(_AFTER_BACKWARD).format(n=missing, params=params))
     unwaited = [c for c in calls if c["async"] and not c["waited"]]
     expect(not unwaited, at + tr(_NO_WAIT).format(n=len(unwaited)))
     per_grad = sum(c["param shape"] for c in calls)
@@ -360,6 +406,27 @@ def _expect_zero1_values(step: dict, at: str) -> None:
     (the chapter asserts the same equality for its own Zero1Adam).
     """
     before, after, want = step["before"], step["after"], step["want"]
+    expect(
+        not step["replaced"],
+        at
+        + tr(
+            "you replaced the storage of {n} parameter(s) (p.data = ..., p.set_(...)) instead "
+            "of writing into them: copy the gathered values in place, p.copy_(...) under "
+            "torch.no_grad(), so that everything holding the parameters (the model's views, "
+            "DDP's buckets, the optimizer) sees them."
+        ).format(n=len(step["replaced"])),
+    )
+    most = 2 * step["shard numel"]  # Adam's two moments of this rank's piece
+    expect(
+        step["state numel"] <= most,
+        at
+        + tr(
+            "the optimizers you stepped hold {numel} elements of state, but ZeRO-1 keeps only "
+            "this rank's piece: Adam's two moments of the shard, {most} elements. Step only the "
+            "optimizer you were given, over the shard: adding the parameters to it, or stepping "
+            "a full Adam of your own, keeps the whole state on every rank."
+        ).format(numel=step["state numel"], most=most),
+    )
     expect(
         step["shard moved"],
         at

@@ -13,7 +13,9 @@ Tasks: ``overlap_hooks`` (all-reduce started from post-accumulate-grad hooks), `
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from helpers.checks import is_stub_error
 from helpers.comm_overlap import shard_bounds
@@ -34,24 +37,36 @@ SIZES = (20, 16, 1)
 PER_RANK_BATCH = 8
 STEPS = 2
 LR = 0.01
-#: The collectives the recorder watches, by their name in torch.distributed.
+#: The collectives the recorder watches, by their name in torch.distributed: every name of
+#: every torch from 2.5 on (torch 2.13 renamed all_gather_into_tensor to all_gather_single and
+#: reduce_scatter_tensor to reduce_scatter_single); those the installed torch lacks are skipped.
 WATCHED = (
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
     "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
 )
 
 
 class RecordedWork:
-    """An async collective's work, remembering whether anyone waited for it (chapter 8)."""
+    """An async collective's work, remembering whether anyone waited for it, and when (chapter 8)."""
 
-    def __init__(self, work: Any, call: dict) -> None:
-        self.work, self.call = work, call
+    def __init__(self, work: Any, call: dict, state: dict) -> None:
+        self.work, self.call, self.state = work, call, state
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         self.call["waited"] = True
+        # a wait inside backward (in a hook) stops backward until the sum has arrived
+        self.call["waited in backward"] |= self.state.get("in backward", False)
         return self.work.wait(*args, **kwargs)
 
     def get_future(self) -> Any:
@@ -63,9 +78,13 @@ class RecordedWork:
 
 
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a is b or the same elements of memory (b.data, b.detach(), b.view_as(b)) (chapter 8)."""
+    """Whether a is all of b's elements, in place: b itself, b.data, b.detach(), or a view of
+    all of it (b.view(-1), b.flatten() of a contiguous b) (chapter 8)."""
     return a is b or (
-        a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+        a.numel() == b.numel()
+        and a.data_ptr() == b.data_ptr()
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and (a.is_contiguous() and b.is_contiguous() or a.stride() == b.stride())
     )
 
 
@@ -79,23 +98,34 @@ def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
         def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             first = tensor if torch.is_tensor(tensor) else (args[0] if args else None)
             done = [p.grad for p in params if p.grad is not None]  # gradients accumulated so far
-            is_grad = torch.is_tensor(first) and any(same_memory(first, g) for g in done)
+            grad_of = next(
+                (
+                    i
+                    for i, p in enumerate(params)
+                    if p.grad is not None and torch.is_tensor(first) and same_memory(first, p.grad)
+                ),
+                None,
+            )
             record = {
                 "op": name,
                 "async": bool(kwargs.get("async_op", False)),
                 "in backward": state.get("in backward", False),
-                "is a grad": is_grad,
+                "is a grad": grad_of is not None,
+                # started in the hook of the gradient it reduces: the one accumulated last
+                "own hook": grad_of is not None and grad_of == state.get("latest"),
+                "grad of": grad_of,
                 "a copy of a grad": torch.is_tensor(first)
-                and not is_grad
+                and grad_of is None
                 and any(first.shape == g.shape and torch.equal(first, g) for g in done),
                 "param shape": any(
                     torch.is_tensor(first) and first.shape == p.shape for p in params
                 ),
                 "waited": False,
+                "waited in backward": False,
             }
             calls.append(record)
             work = real[name](tensor, *args, **kwargs)
-            return RecordedWork(work, record) if work is not None else None
+            return RecordedWork(work, record, state) if work is not None else None
 
         return call
 
@@ -132,6 +162,8 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
     model = make_mlp(SIZES, seed=3)
     params, state, weights = list(model.parameters()), {}, flat_params(model)
     steps = []
+    for i, p in enumerate(params):  # registered first, so it runs before the learner's hook
+        p.register_post_accumulate_grad_hook(lambda p, i=i: state.update(latest=i))
     with recording(params, state) as calls:
         finish = fn(model)
         setup = [dict(c) for c in calls]
@@ -139,9 +171,9 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
             model.zero_grad(set_to_none=True)
             x, y = rank_batch(ctx, step)
             loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
-            start, state["in backward"] = len(calls), True
+            start, state["in backward"], state["latest"] = len(calls), True, None
             loss.backward()
-            state["in backward"] = False
+            state["in backward"], state["latest"] = False, None
             if callable(finish):
                 finish()
             missing = [p for p in params if p.grad is None]
@@ -186,22 +218,39 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
             q.grad = p.grad.clone()
         full.step()
         before, shard_before = flat_params(model), shard.detach().clone()
-        with recording(params, state) as calls:
-            opt.step = lambda *a, _calls=calls, **k: (
-                _calls.append({"op": "step"}),
-                real_step(*a, **k),
-            )[1]
-            fn(params, shard, opt)
-        opt.step = real_step
+        storage = [p.data_ptr() for p in params]
+        stepped: dict[int, torch.optim.Optimizer] = {}
+        counted = register_optimizer_step_post_hook(
+            lambda o, args, kwargs, _seen=stepped: _seen.setdefault(id(o), o)
+        )  # every optimizer the learner steps, the one given or another
+        try:
+            with recording(params, state) as calls:
+                opt.step = lambda *a, _calls=calls, **k: (
+                    _calls.append({"op": "step"}),
+                    real_step(*a, **k),
+                )[1]
+                fn(params, shard, opt)
+        finally:
+            opt.step = real_step
+            counted.remove()
         out.append(
             {
                 "before": before,
                 "after": flat_params(model),
                 "want": flat_params(replica),
                 "shard moved": not torch.equal(shard.detach(), shard_before),
+                # the optimizer state this rank holds: every optimizer stepped, its tensors
                 "state numel": sum(
-                    t.numel() for s in opt.state.values() for t in s.values() if t.dim()
+                    t.numel()
+                    for o in (stepped or {0: opt}).values()
+                    for s in o.state.values()
+                    for t in s.values()
+                    if torch.is_tensor(t) and t.dim()
                 ),
+                "shard numel": shard.numel(),
+                "replaced": [
+                    i for i, (p, ptr) in enumerate(zip(params, storage)) if p.data_ptr() != ptr
+                ],  # fmt: skip
                 "calls": [dict(c) for c in calls],
                 "dtype": str(params[0].dtype),
                 "shard": (start, stop),
@@ -247,6 +296,13 @@ def main() -> None:
     except Exception as exc:  # report the learner's error instead of crashing the job
         result = error(exc)
     torch.save(result, args.out / f"rank{ctx.rank}.pt")
+    if result["status"] != "ok":
+        # leave at once: the other ranks may be waiting in a collective this rank never joins
+        # (teardown's barrier would wait for them until the group's timeout, and their
+        # timeouts would bury this rank's own error); torchrun then stops them
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     teardown()
 
 
