@@ -545,7 +545,9 @@ def run(notebooks: list[Path], out_dir: Path, args: argparse.Namespace) -> int:
         print(report)
     else:
         (out_dir / "summary.md").write_text(report, encoding="utf-8")
-        (out_dir / "index.html").write_text(index_page(outcomes, out_dir, machine), encoding="utf-8")
+        (out_dir / "index.html").write_text(
+            index_page(outcomes, out_dir, machine), encoding="utf-8"
+        )
         (out_dir / "results.json").write_text(data + "\n", encoding="utf-8")
         print()
         print(report)
