@@ -293,15 +293,15 @@ def run_benchmark(item: Item, out: Path, args: argparse.Namespace, limit: Limit)
 
 
 def xdist_workers(threads: int) -> int:
-    """pytest-xdist workers for a stream of `threads` threads: two threads each."""
-    return max(1, threads // 2)
+    """pytest-xdist workers for a stream of `threads` threads: one each (unit tests are small)."""
+    return max(1, threads)
 
 
 def pytest_command(args: argparse.Namespace, junit: Path, item: Item | None = None) -> list[str]:
     """pytest on the unit tests (never the browser tests), in parallel where xdist exists.
 
     Only the tests marked cuda unless --all-tests or --tests: the rest are CPU tests that CI
-    runs. In a stream, xdist gets one worker per two of the stream's threads.
+    runs. In a stream, xdist gets one worker per thread of the stream, each with one thread.
     """
     paths = list(args.tests) if args.tests else (list(QUICK_TESTS) if args.quick else ["tests"])
     paths = [p for p in paths if (ROOT / p).exists() or Path(p).is_absolute()]
