@@ -387,7 +387,7 @@ def test_a_deadline_runs_the_most_informative_first_and_lists_what_did_not_fit(
         "the rest, each with why (nccl skipped)"
     )
     assert all("before the 540 s deadline" in line for line in not_run)
-    assert "| correctness phase, 1 stream(s) x " in text and "| state at 0 s | state at " in text
+    assert "| correctness phase, 1 stream(s) x " in text and "| state at 0 s | " in text
     assert "--resume" in text
     # the next calls: each goes on where the last stopped, nothing twice, one report of all
     first, earlier, done, calls = list(run.ran), out, [], 1
