@@ -10,6 +10,8 @@ library only, nothing that draws. A *span* is ``(start, end)`` in seconds on one
 - ``trace_spans(trace, names)``: spans read back from a Chrome/Perfetto trace file;
 - ``plan_buckets`` and ``shard_bounds``: how gradients are grouped and the flat parameter
   vector is cut among ranks;
+- ``collective(name)``: the one-tensor collective under the name the installed torch
+  recommends (torch 2.13 renamed two of them and deprecated the old names);
 - ``labelled(name, device)``: one range that the PyTorch profiler records and, on CUDA, Nsight
   Systems too (NVTX); ``nsys_command`` prints the command that records it.
 """
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.profiler import record_function
 
 Span = tuple[float, float]
@@ -129,6 +132,21 @@ def plan_buckets(sizes: Sequence[int], cap_bytes: int) -> list[list[int]]:
             buckets.append([])
             filled = 0
     return [b for b in buckets if b]
+
+
+#: The one-tensor collectives torch 2.13 renamed, each new name with the old one (torch 2.5-2.12),
+#: which 2.13 keeps as a deprecated alias (a FutureWarning at every call); same arguments.
+RENAMED_COLLECTIVES = {
+    "all_gather_single": "all_gather_into_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+}
+
+
+def collective(name: str) -> Callable[..., Any]:
+    """dist.<name> on torch 2.13+, else its old name (RENAMED_COLLECTIVES), never a deprecated one (chapter 8)."""
+    if name not in RENAMED_COLLECTIVES:
+        raise ValueError(f"Unknown collective {name!r}; known: {', '.join(RENAMED_COLLECTIVES)}.")
+    return getattr(dist, name, None) or getattr(dist, RENAMED_COLLECTIVES[name])
 
 
 def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int, int]:

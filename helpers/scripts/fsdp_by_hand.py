@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.comm_overlap import shard_bounds
+from helpers.comm_overlap import collective, shard_bounds
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -96,7 +96,7 @@ class ShardedLinear(nn.Module):
         flat = nn.functional.pad(flat, (0, world * self.size - self.numel))
         mine = torch.empty_like(self.shard)
         try:
-            dist.reduce_scatter_tensor(mine, flat)
+            collective("reduce_scatter_single")(mine, flat)  # reduce_scatter_tensor before 2.13
         except (RuntimeError, NotImplementedError, ValueError):  # a gloo without reduce_scatter
             self.reduce = "all_reduce, then this rank's piece (this backend has no reduce_scatter)"
             dist.all_reduce(flat)
