@@ -34,8 +34,12 @@ GPU_LENGTHS = (512, 1024, 2048, 4096, 8192)
 CPU_LENGTHS = (128, 256, 512)
 #: SDPA's kernels, timed one by one so the fastest can be named (the default pick is one of them).
 SDPA_KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}  # fmt: skip
+#: The method every other is checked against: SDPA free to pick its kernel.
+REFERENCE = "sdpa default"
 #: Query and key tiles of the PyTorch tiles in the sweep: bigger tiles, fewer launches.
 GPU_TILE = 128
+#: The timing table's columns, in order; a row has one of the two rates (rate_unit).
+TIMING_COLUMNS = ("row", "ms", "IQR ms", "TFLOP/s", "GFLOP/s", "peak MiB", "note")
 
 
 @dataclass
@@ -151,7 +155,7 @@ def method_function(name: str, device: torch.device) -> Callable[..., torch.Tens
     """The causal forward a method name stands for, as f(q, k, v) -> output (chapter 8)."""
     tile = GPU_TILE
     functions: dict[str, Callable[..., Any]] = {
-        "sdpa default": partial(_sdpa_with, None),
+        REFERENCE: partial(_sdpa_with, None),
         "pytorch tiles": lambda q, k, v: flash_forward(q, k, v, True, tile, tile)[0],
         "written out": manual_attention,
         "triton": lambda q, k, v: triton_flash_forward(q, k, v, True)[0],
@@ -167,6 +171,14 @@ def causal_forward_flops(batch: int, heads: int, t: int, head_dim: int) -> int:
     return 2 * batch * heads * t * t * head_dim
 
 
+def rate_unit(device: torch.device) -> tuple[str, float]:
+    """The rate column's name and FLOP/s per unit: TFLOP/s on a CUDA GPU, GFLOP/s on a CPU or MPS (chapter 8).
+
+    A CPU's attention runs at a few GFLOP/s; in TFLOP/s its rows read 0.00-something.
+    """
+    return ("TFLOP/s", 1e12) if device.type == "cuda" else ("GFLOP/s", 1e9)
+
+
 def check_against_sdpa(plan: SweepPlan, fn: Callable[..., torch.Tensor], t: int = 256) -> float:
     """Largest |fn - SDPA| / (2 x rounding bound) at a small T on the plan's device and dtype (chapter 8)."""
     g = torch.Generator().manual_seed(t)
@@ -179,17 +191,23 @@ def check_against_sdpa(plan: SweepPlan, fn: Callable[..., torch.Tensor], t: int 
 
 
 def check_methods(plan: SweepPlan, t: int = 256) -> list[dict[str, Any]]:
-    """check_against_sdpa for every method; one that cannot run here is skipped in the plan (chapter 8)."""
+    """check_against_sdpa for every method; one that cannot run here is skipped in the plan (chapter 8).
+
+    Each row says what it was checked against: the reference's own row is SDPA against a
+    second run of itself, the noise of the reference (0 where its kernel is deterministic).
+    """
     rows = []
     for name in plan.methods:
+        against = tr("itself, run again: the reference's own noise") if name == REFERENCE else REFERENCE  # fmt: skip
+        row = {"method": name, "against": against}
         try:
             ratio = check_against_sdpa(plan, method_function(name, plan.device), t)
         except RuntimeError as exc:  # e.g. an SDPA kernel this GPU, dtype or build lacks
             why = tr("did not run in the check")
             plan.skips.update({(name, length): why for length in plan.lengths})
-            rows.append({"method": name, "worst / bound": math.nan, "note": first_line(exc)})
+            rows.append({**row, "worst / bound": math.nan, "note": first_line(exc)})
             continue
-        rows.append({"method": name, "worst / bound": ratio, "note": ""})
+        rows.append({**row, "worst / bound": ratio, "note": ""})
     return rows
 
 
@@ -201,7 +219,7 @@ def sweep_inputs(plan: SweepPlan, t: int) -> list[torch.Tensor]:
 
 
 def _time_one(plan: SweepPlan, name: str, t: int, min_run_time: float) -> dict[str, Any]:
-    """One row: median ms, IQR, TFLOP/s and peak memory of one method at one T (chapter 8)."""
+    """One row: median ms, IQR, the rate (rate_unit) and peak memory of one method at one T (chapter 8)."""
     row: dict[str, Any] = {"row": f"{name} @ {t}", "T": t, "method": name}
     if (name, t) in plan.skips:
         return {**row, "note": plan.skips[(name, t)]}
@@ -218,7 +236,8 @@ def _time_one(plan: SweepPlan, name: str, t: int, min_run_time: float) -> dict[s
         return {**row, "note": tr("did not run: {error}").format(error=first_line(exc))}
     flops = causal_forward_flops(plan.batch, plan.heads, t, plan.head_dim)
     row.update({"ms": result.median * 1e3, "IQR ms": result.iqr * 1e3})
-    row["TFLOP/s"] = flops / result.median / 1e12
+    unit, per = rate_unit(plan.device)
+    row[unit] = flops / result.median / per
     if plan.device.type == "cuda":  # exact there: max_memory_allocated
         row["peak MiB"] = peak.increase / MiB
     return {**row, "machine": result.machine, "note": ""}

@@ -82,12 +82,17 @@ def test_check_methods_and_the_cpu_timing_path(monkeypatch: pytest.MonkeyPatch) 
     checked = tm.check_methods(plan, t=32)
     by = {c["method"]: c for c in checked}
     assert by["pytorch tiles"]["worst / bound"] <= 1 and by["sdpa default"]["note"] == ""
+    # issue 31: the reference's row is SDPA against itself, and says so
+    assert by["sdpa default"]["against"] == "itself, run again: the reference's own noise"
+    assert by["pytorch tiles"]["against"] == by["written out"]["against"] == tm.REFERENCE
     assert math.isnan(by["written out"]["worst / bound"]) and "No available kernel" in by["written out"]["note"]  # fmt: skip
     assert plan.skips[("written out", 64)] == "did not run in the check"
     rows = tm.attention_timing_sweep(plan, min_run_time=0.01)
     assert [r["row"] for r in rows] == [f"{m} @ {t}" for t in (32, 64) for m in plan.methods]
     timed = [r for r in rows if "ms" in r]
     assert len(timed) == 4 and all(r["ms"] > 0 and "peak MiB" not in r for r in timed)
+    # a CPU's rate in GFLOP/s, a unit that fits it (issue 31: TFLOP/s printed 0.0001)
+    assert all(r["GFLOP/s"] > 0 and "TFLOP/s" not in r for r in timed)
     assert all(r["note"] == "did not run in the check" for r in rows if r["method"] == "written out")  # fmt: skip
     assert tm.sweep_machine(rows) is not None
     assert tm.fastest_sdpa(rows, 64) == "sdpa default @ 64" and tm.fastest_sdpa(rows, 7) is None
@@ -127,6 +132,14 @@ def test_gpu_timing_rows_carry_the_peak(monkeypatch: pytest.MonkeyPatch, fake_gp
     monkeypatch.setattr(tm, "method_function", lambda name, device: allocating)
     row = tm._time_one(plan, "triton", 32, 0.01)
     assert row["peak MiB"] == pytest.approx(3.0) and row["ms"] > 0 and row["TFLOP/s"] > 0
+    assert "GFLOP/s" not in row
+
+
+@pytest.mark.parametrize(("kind", "unit"), [("cuda", "TFLOP/s"), ("cpu", "GFLOP/s"), ("mps", "GFLOP/s")])  # fmt: skip
+def test_the_rate_unit_fits_the_device(kind: str, unit: str) -> None:
+    name, per = tm.rate_unit(torch.device(kind))
+    assert name == unit and per == {"TFLOP/s": 1e12, "GFLOP/s": 1e9}[unit]
+    assert name in tm.TIMING_COLUMNS
 
 
 def rows_for(ms: dict[str, float], t: int = 2048) -> list[dict]:
