@@ -136,7 +136,17 @@ ALLOWED: list[tuple[str, str, str]] = [
     (
         "benchmarks/ch08_build_it.py",
         "GPU target at T",
-        "target line; triton_verdicts are compare_rows",
+        "target line (inconclusive on a busy machine); triton_verdicts are compare_rows",
+    ),
+    (
+        "benchmarks/ch08_build_it.py",
+        "slower than the PyTorch tiles",
+        "than_the_tiles: the GPU target line's words for two rows printed above",
+    ),
+    (
+        "benchmarks/ch08_build_it.py",
+        "faster than the PyTorch tiles",
+        "than_the_tiles: the GPU target line's words for two rows printed above",
     ),
     (
         "benchmarks/ch08_build_it.py",
