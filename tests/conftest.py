@@ -54,10 +54,12 @@ def chinese() -> Iterator[None]:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Log each failure as it happens for tools/gpu_check.py (tests/failures_log.py)."""
+    """Log each failure as it happens for tools/gpu_check.py (tests/failures_log.py); note skips."""
     from failures_log import log_failure
 
     log_failure(report)
+    if report.skipped:
+        _skipped.add(_test_id(report.nodeid))
 
 
 # -- the tests that run a CUDA branch for real (the `cuda` marker) -----------------------------
@@ -75,6 +77,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 CUDA_TESTS = ROOT / "tests" / "cuda_tests.txt"
 _asked: set[str] = set()
+_skipped: set[str] = set()  # skipped here: whether they ask is not known on this machine
 _running: list[str] = [""]
 
 
@@ -153,7 +156,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[0] = _test_id(item.nodeid)
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):  # noqa: ANN201 - a hook wrapper
+    yield  # fixtures' teardown may ask too
     _running[0] = ""
 
 
@@ -170,6 +175,13 @@ def whole_suite(session: pytest.Session) -> set[str]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a run of every unit test: tests/cuda_tests.txt must list exactly the tests that asked."""
     mode = os.environ.get("COURSE_CUDA_TESTS", "")
+    if mode and session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
+        print(
+            f"\nCOURSE_CUDA_TESTS={mode} records nothing under pytest-xdist (the workers ask, "
+            "the controller writes): run it without -n.",
+            file=sys.stderr,
+        )
+        return
     if mode.startswith("record:") and not hasattr(session.config, "workerinput"):
         ran = {_test_id(i.nodeid) for i in session.items}  # a selection: what it asked
         Path(mode.removeprefix("record:")).write_text(
@@ -187,7 +199,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.testsfailed:
         return  # a failed test may have stopped before it asked: compare after a green run
     asked, listed = _asked & every, listed_cuda_tests() & every
-    missing, stale = sorted(asked - listed), sorted(listed - asked)
+    # a test skipped here (GPU-only, or CPU-only on a GPU box, or no Triton) proves nothing
+    missing, stale = sorted(asked - listed), sorted(listed - asked - _skipped)
     if missing or stale:
         print(
             "\ntests/cuda_tests.txt is out of date: "

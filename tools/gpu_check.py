@@ -130,6 +130,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.argv = list(argv or [])
     args.parts = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown or not args.parts:
@@ -158,12 +159,35 @@ def print_plan(args: argparse.Namespace) -> int:
     skipped = [i for i in items if i.status == "skipped"]
     for item in skipped:
         print(f"skipped: {item.stage}: {item.detail}")
+    extra = [a for a in args.argv if a not in ("--plan",)]
+    extra = " ".join(plan_arg_free(extra))
+    first = sched.call_ends[0] if sched.call_ends else 0
+    second = f"{sched.deadlines[1]:g}" if len(sched.deadlines) > 1 else "(what is left)"
     print(
-        "To run it: python tools/gpu_check.py --deadline "
-        f"{deadline:g} --out gpu-check/a, then, if it says 'incomplete', the same with "
-        "--resume gpu-check/a --out gpu-check/b."
+        f"To run it: call 1: python tools/gpu_check.py {extra + ' ' if extra else ''}--deadline "
+        f"{deadline:g} --out gpu-check/a; call 2 (if call 1 says 'incomplete'): the same with "
+        f"--deadline {second} --resume gpu-check/a --out gpu-check/b (the {BUDGET_S:g} s budget "
+        f"less call 1's expected {first:.0f} s; give it {BUDGET_S:g} s less what call 1 really "
+        "used: its summary says). On a box whose files do not persist, carry "
+        "gpu-check/a/progress.json to the next call (README, 'GPU check')."
     )
     return 0 if sched.fits() else 1
+
+
+def plan_arg_free(argv: list[str]) -> list[str]:
+    """The command line without the options that only --plan reads (--for-gpus, --for-cores, --deadline)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--for-gpus", "--for-cores", "--deadline", "--out", "--resume"):
+            skip = True
+            continue
+        if a.split("=", 1)[0] in ("--for-gpus", "--for-cores", "--deadline", "--out", "--resume"):
+            continue
+        out.append(a)
+    return out
 
 
 def on_stop_signal(signum: int, frame: object) -> None:
@@ -186,6 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.plan:
         return print_plan(args)
+    if (
+        args.resume
+        and not (Path(args.resume) / "progress.json").exists()
+        and not (Path(args.resume).is_file())
+    ):
+        raise SystemExit(
+            f"gpu_check: --resume {args.resume}: no progress.json there; give the --out folder "
+            "of the earlier run, which holds its progress.json"
+        )
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     previous = {}
@@ -202,7 +235,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check_machine(args: argparse.Namespace, argv: list[str], out: Path, started_at: float) -> int:
     """The check itself, once the command line is read: the exit status."""
-    machine = machine_mod.machine_info()
+    try:
+        machine = machine_mod.machine_info()
+    except Stopped as exc:  # stopped before anything ran: say so in a report all the same
+        name = signal.Signals(exc.signum).name
+        text = f"# GPU check: stopped\n\n**Result: stopped by {name} during the machine probe**; nothing ran.\n"
+        path = write_file(out / "summary.md", text)
+        print(f"\nstopped by {name} during the machine probe; report: {path}")
+        return 1
     write_file(out / "machine.json", json.dumps(machine, indent=1) + "\n")
     check = Check(args, out, machine, argv)
     print(
@@ -212,7 +252,8 @@ def check_machine(args: argparse.Namespace, argv: list[str], out: Path, started_
     check.set_clock(started_at)
     check.items = plan_mod.plan(args, machine)
     if args.resume:
-        check.notes.append(plan_mod.carry_over(check.items, Path(args.resume).resolve()))
+        gpus = machine_mod.gpu_summary(machine)
+        check.notes.append(plan_mod.carry_over(check.items, Path(args.resume).resolve(), gpus))
     broke = ""
     try:
         check.run()

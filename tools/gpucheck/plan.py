@@ -163,6 +163,9 @@ FINISH_RESERVE_S = 3.0
 #: Seconds a call spends outside every item: the machine's probe and a state reading before
 #: and after each phase (a fresh Python that imports torch and, on a GPU, initialises CUDA).
 CALL_OVERHEAD_S = 20.0
+#: Seconds an item costs beyond its own expected time: starting its command (run_all's Python
+#: and a kernel, pytest's collection), about 2.5 s for a notebook on a 2-core CPU.
+ITEM_OVERHEAD_S = 3.0
 #: The machine the H100 estimates are for, and what --plan assumes unless told otherwise.
 PLAN_GPUS, PLAN_CORES = 1, 16
 #: A check of the whole course on one rented GPU: at most this many seconds of wall time in
@@ -344,8 +347,13 @@ def assign_streams(items: list[Item], streams: int, threads: int) -> None:
             item.stream, item.threads = 0, 0
 
 
-def carry_over(items: list[Item], earlier: Path) -> str:
-    """Mark the items an earlier run finished (its progress.json) as done; a note for the summary."""
+def carry_over(items: list[Item], earlier: Path, gpus: str = "") -> str:
+    """Mark the items an earlier run finished (its progress.json) as done; a note for the summary.
+
+    Only an item that ran with the same options on the same GPUs is carried over; one the
+    earlier run's deadline stopped is run again with its estimate raised to the time it had
+    already taken; one that could not run (modules missing) is tried again.
+    """
     source = earlier / "progress.json" if earlier.is_dir() else earlier
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
@@ -354,24 +362,42 @@ def carry_over(items: list[Item], earlier: Path) -> str:
             f"gpu_check: --resume {earlier}: cannot read {source} ({type(exc).__name__}: {exc}); "
             "give the --out folder of the earlier run, which holds its progress.json"
         ) from None
-    done = {
-        (d["stage"], d["name"]): d for d in data.get("items", []) if d["status"] in ("ok", "FAILED")
-    }
     folder = label(source.parent) if source.parent.is_relative_to(ROOT) else str(source.parent)
-    carried = 0
+    if gpus and data.get("gpus") and data["gpus"] != gpus:
+        return (
+            f"Not resumed from `{folder}`: it ran on {data['gpus']}, this is {gpus}; "
+            "everything runs here."
+        )
+    earlier_items = {(d["stage"], d["name"]): d for d in data.get("items", [])}
+    carried, other = 0, 0
     for item in items:
-        old = done.get((item.stage, item.name))
-        if old:
+        old = earlier_items.get((item.stage, item.name))
+        if not old:
+            continue
+        if old.get("args", []) != item.args:
+            other += 1  # another selection of tests, other benchmark options: run it here
+            continue
+        if old["status"] == "STOPPED" and "deadline" in old.get("detail", ""):
+            item.estimate = max(item.estimate, float(old.get("seconds") or 0.0))
+            continue
+        if old["status"] == "FAILED" and old.get("detail", "").startswith("not run:"):
+            continue
+        if old["status"] in ("ok", "FAILED"):
             for key in ("status", "seconds", "detail", "traceback", "markdown", "problems"):
                 setattr(item, key, old.get(key, getattr(item, key)))
             for key in ("stream", "threads"):
                 setattr(item, key, old.get(key, getattr(item, key)))
             item.earlier = old.get("earlier") or folder
             carried += 1
+    used = data.get("used_s")
     return (
         f"Resumed from `{folder}` (started {data.get('started', '?')}, commit "
-        f"{data.get('commit') or '?'}, {data.get('gpus', '?')}): {carried} item(s) it finished "
-        'are carried over, marked "earlier run"; the rest ran here.'
+        f"{data.get('commit') or '?'}, {data.get('gpus', '?')}"
+        + (f", {used:.0f} s used" if used else "")
+        + f'): {carried} item(s) it finished are carried over, marked "earlier run"; the rest '
+        "ran here"
+        + (f" ({other} ran there with other options, so they ran again)" if other else "")
+        + "."
     )
 
 
@@ -396,8 +422,10 @@ class Schedule:
     streams: int
     threads: int
     deadline: float | None
+    budget: float = BUDGET_S  # seconds for all calls together (the next call gets what is left)
     slots: list[Slot] = field(default_factory=list)
     call_ends: list[float] = field(default_factory=list)
+    deadlines: list[float | None] = field(default_factory=list)  # each call's --deadline
     never: list[Item] = field(default_factory=list)  # fit in no call (longer than a call)
 
     @property
@@ -417,9 +445,16 @@ def usable_s(deadline: float | None) -> float:
     return deadline - FINISH_RESERVE_S - STOP_GRACE_S
 
 
+def call_deadline(sched: Schedule) -> float | None:
+    """The next call's --deadline: a call's at most, and no more than the budget has left."""
+    if not sched.deadline:
+        return None
+    return min(sched.deadline, sched.budget - sched.total) if sched.call_ends else sched.deadline
+
+
 def play_call(todo: list[Item], call: int, sched: Schedule) -> list[Item]:
     """One call of schedule(): the items it runs go into sched.slots; those it does not, returned."""
-    left = usable_s(sched.deadline)
+    left = usable_s(call_deadline(sched))
     start = CALL_OVERHEAD_S
     clocks = dict.fromkeys(range(sched.streams + 1), start)
     assign_streams(todo, sched.streams, sched.threads)
@@ -427,19 +462,20 @@ def play_call(todo: list[Item], call: int, sched: Schedule) -> list[Item]:
     for item in todo:  # plan order within each stream, as the stream's thread runs them
         if item.phase != "correctness":
             continue
-        t = clocks[item.stream]
-        if t + item.estimate <= left:
-            sched.slots.append(Slot(item, call, item.stream, t, t + item.estimate))
-            clocks[item.stream] = t + item.estimate
+        t, need = clocks[item.stream], item.estimate + ITEM_OVERHEAD_S
+        if t + need <= left:
+            sched.slots.append(Slot(item, call, item.stream, t, t + need))
+            clocks[item.stream] = t + need
         else:
             skipped.append(item)
     t = max(clocks.values())
     for item in todo:
         if item.phase != "timing":
             continue
-        if t + item.estimate <= left:
-            sched.slots.append(Slot(item, call, -1, t, t + item.estimate))
-            t += item.estimate
+        need = item.estimate + ITEM_OVERHEAD_S
+        if t + need <= left:
+            sched.slots.append(Slot(item, call, -1, t, t + need))
+            t += need
         else:
             skipped.append(item)
     sched.call_ends.append(t + FINISH_RESERVE_S)
@@ -447,7 +483,12 @@ def play_call(todo: list[Item], call: int, sched: Schedule) -> list[Item]:
 
 
 def schedule(
-    items: list[Item], streams: int, threads: int, deadline: float | None, max_calls: int = 8
+    items: list[Item],
+    streams: int,
+    threads: int,
+    deadline: float | None,
+    max_calls: int = 8,
+    budget: float = BUDGET_S,
 ) -> Schedule:
     """Play the plan through at the expected times: call after call (--resume) until all ran.
 
@@ -455,7 +496,7 @@ def schedule(
     stream running its items in plan order and starting one only if it can end before the
     deadline; then the timing phase, one item at a time. What a call leaves goes to the next.
     """
-    sched = Schedule(streams, threads, deadline)
+    sched = Schedule(streams, threads, deadline, budget)
     todo = [
         Item(i.stage, i.name, i.estimate, path=i.path, args=list(i.args))
         for i in items
@@ -464,10 +505,15 @@ def schedule(
     for call in range(1, max_calls + 1):
         if not todo:
             break
+        if sched.deadline and call_deadline(sched) <= CALL_OVERHEAD_S + FINISH_RESERVE_S:
+            sched.never = todo  # the budget is spent
+            break
+        sched.deadlines.append(call_deadline(sched))
         left = play_call(todo, call, sched)
         if len(left) == len(todo):  # nothing fitted in a whole call: it never will
             sched.never = left
             sched.call_ends.pop()
+            sched.deadlines.pop()
             break
         todo = left
     else:
@@ -489,9 +535,13 @@ def schedule_text(sched: Schedule, machine: str) -> str:
     ]
     for call, end in enumerate(sched.call_ends, 1):
         slots = [s for s in sched.slots if s.call == call]
+        limit = sched.deadlines[call - 1]
         lines += [
             "",
-            f"call {call}: {end:.0f} s (start-up and state readings {CALL_OVERHEAD_S:g} s)",
+            f"call {call}"
+            + (f" (--deadline {limit:g})" if limit else "")
+            + f": {end:.0f} s (start-up and state readings {CALL_OVERHEAD_S:g} s, "
+            f"{ITEM_OVERHEAD_S:g} s to start each item)",
         ]
         for k in range(sched.streams + 1):
             mine = [s for s in slots if s.stream == k]

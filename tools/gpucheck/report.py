@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpucheck.common import ROOT, fenced, md_cell
 from gpucheck.machine import command_output, gpu_summary, machine_markdown, states_markdown
-from gpucheck.plan import STAGES, Item
+from gpucheck.plan import BUDGET_S, STAGES, Item
 
 
 @dataclass
@@ -69,17 +69,16 @@ def notebooks_markdown(items: list[Item], out: Path) -> str:
         f"| {i.name} | {md_cell(i.result())} | {i.seconds:.1f} | {i.stream or '-'} |" for i in items
     ]
     ran = [i for i in items if i.status not in ("not run", "pending")]
-    failed = sum(i.status in ("FAILED", "STOPPED") for i in ran)
+    failed = sum(i.status == "FAILED" for i in ran)
+    stopped = sum(i.status == "STOPPED" for i in ran)
     streams = len({i.stream for i in ran if i.stream})
     lines += [
         "",
-        f"{len(ran)} notebooks, {failed} failed, {sum(i.seconds for i in ran):.0f} s in all "
+        f"{len(ran)} notebooks, {failed} failed"
+        + (f", {stopped} stopped" if stopped else "")
+        + f", {sum(i.seconds for i in ran):.0f} s in all "
         f"(each through `tools/run_all.py NOTEBOOK --no-describe` in a fresh kernel, "
-        + (
-            f"{streams} streams side by side: shared-GPU timings"
-            if streams > 1
-            else "one at a time"
-        )
+        + (f"{streams} streams side by side: shared timings" if streams > 1 else "one at a time")
         + "; executed copies and kernel logs in `notebooks/`)."
         + (f" {len(items) - len(ran)} not run." if len(ran) < len(items) else ""),
     ]
@@ -182,9 +181,17 @@ def summary(check: object) -> str:
     if not_run:
         lines += ["## Not run", ""]
         lines += [f"- {i.stage}: {i.name}: {i.detail or 'not reached'}" for i in not_run]
+        used = check.elapsed()
+        budget = (
+            f" With a {BUDGET_S:g} s rental this call used {used:.0f} s: give the next call "
+            f"`--deadline {max(BUDGET_S - used, 0):.0f}`."
+            if check.args.deadline
+            else ""
+        )
         lines += [
             "",
-            "To run them, call again with `--resume` and this run's folder (README, 'GPU check').",
+            "To run them, call again with `--resume` and this run's folder (README, 'GPU check')."
+            + budget,
             "",
         ]
     logs = log_names(check.out)
@@ -203,30 +210,43 @@ def log_names(out: Path) -> list[str]:
 
 def how_it_ran(check: object) -> str:
     """What the two phases were: the streams and their threads, and which timings are shared."""
-    phases = {i.phase for i in check.items if i.status not in ("skipped",)}
+    ran = [i for i in check.items if i.status != "skipped"]
+    parts = [
+        p
+        for p in ("notebooks", "unit tests", "NCCL")
+        if any(
+            {"notebooks": "notebooks", "unit tests": "tests", "NCCL": "nccl"}[p] == i.part
+            for i in ran
+        )
+    ]
     text = []
-    if "correctness" in phases:
+    if any(i.phase == "correctness" for i in ran):
+        what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+        shared = "shared-GPU, shared-CPU" if check.machine.get("gpu_count") else "shared-CPU"
         text.append(
             (
-                f"**Correctness phase**: notebooks, unit tests and NCCL in {check.streams} "
-                f"streams side by side, each with {check.threads} thread(s)"
+                f"**Correctness phase**: {what} in {check.streams} streams side by side, each "
+                f"with {check.threads} thread(s)"
                 if check.streams > 1
-                else f"**Correctness phase**: notebooks, unit tests and NCCL one after the "
-                f"other, in one stream of {check.threads} thread(s)"
+                else f"**Correctness phase**: {what} one after the other, in one stream of "
+                f"{check.threads} thread(s)"
             )
             + " for torch, OpenMP and MKL (usable cores / streams)"
             + (
-                ": its times are shared-GPU, shared-CPU times, not this machine's speed."
+                f": its times are {shared} times, not this machine's speed."
                 if check.streams > 1
                 else "."
             )
         )
-    if "timing" in phases:
+    if any(i.phase == "timing" for i in ran):
+        a = check.args
         which = (
             "the ones given (--benchmarks)"
-            if check.args.benchmarks
-            else "in full (--full-benchmarks)"
-            if check.args.full_benchmarks
+            if a.benchmarks
+            else "every benchmark in full (--full-benchmarks)"
+            if a.full_benchmarks
+            else "the headline ones, shortened (--quick)"
+            if a.quick
             else "the headline ones; --full-benchmarks runs every benchmark in full"
         )
         text.append(

@@ -27,9 +27,10 @@ from pathlib import Path
 
 from gpucheck import machine as machine_mod
 from gpucheck import report
-from gpucheck.common import ROOT, child_env, fenced, log_text, md_cell, tail, write_file
+from gpucheck.common import ROOT, child_env, fenced, label, log_text, md_cell, tail, write_file
 from gpucheck.plan import (
     FINISH_RESERVE_S,
+    ITEM_OVERHEAD_S,
     NCCL_SCRIPTS,
     NEEDS,
     ONE_LAUNCH_JOBS,
@@ -285,7 +286,7 @@ def run_benchmark(item: Item, out: Path, args: argparse.Namespace, limit: Limit)
         item.status, item.detail = "FAILED", verdict.removeprefix("FAILED ").strip("()")
         item.problems = [f"{script.name}: {verdict}"]
     say(item, f"  {script.name}: {verdict} in {step.seconds:.0f} s")
-    shown = " ".join([script.name, *item.args])
+    shown = " ".join([label(script), *item.args])
     item.markdown = (
         f"### {script.name}: {verdict}, {step.seconds:.0f} s\n\n`python {shown}`\n\n"
         + fenced(log_text(step.log) or "(no output)")
@@ -379,11 +380,13 @@ def run_tests(item: Item, out: Path, args: argparse.Namespace, limit: Limit) -> 
     say(item, f"  {shlex.join(command[1:])}")
     failures = out / "failures.txt"  # written by tests/conftest.py as tests fail
     failures.unlink(missing_ok=True)
+    xdist = importlib.util.find_spec("xdist") is not None
+    per_process = (item.threads // xdist_workers(item.threads) if xdist else item.threads) or None
     step = run_command(
         command,
         out / "tests.log",
         limit.seconds,
-        threads=max(1, item.threads // xdist_workers(item.threads)) if item.threads else None,
+        threads=per_process,  # one thread per worker; without xdist, one process gets them all
         env={"COURSE_FAILURES_LOG": str(failures)},
     )
     item.seconds = step.seconds
@@ -417,6 +420,12 @@ def run_tests(item: Item, out: Path, args: argparse.Namespace, limit: Limit) -> 
     ran = sum(counts.values())
     line = ", ".join(f"{n} {k}" for k, n in counts.items())
     text = f"{line} in {step.seconds:.0f} s (`{cmd}`).\n"
+    if not xdist:
+        text += (
+            "\npytest-xdist is not installed in this Python: the tests ran in one process, "
+            "not one worker per thread, so they took longer than the plan expects "
+            "(requirements.txt installs it).\n"
+        )
     problems = list(ids)
     if step.timed_out:
         problems.append(f"pytest {verdict}")
@@ -658,13 +667,13 @@ class Check:
         if left is None:
             return ""
         pace = self.pace()
-        need = item.estimate * pace
+        need = item.estimate * pace + ITEM_OVERHEAD_S
         if need <= left:
             return ""
         return (
             f"needs about {need:.0f} s ({item.estimate:.0f} s expected x {pace:.2f}, the pace "
-            f"so far), and {max(left, 0):.0f} s were left for it before the {self.args.deadline:g} s "
-            "deadline"
+            f"so far, + {ITEM_OVERHEAD_S:g} s to start it), and {max(left, 0):.0f} s were left "
+            f"for it before the {self.args.deadline:g} s deadline"
         )
 
     def save(self) -> Path:
@@ -680,6 +689,7 @@ class Check:
             "commit": report.git_commit(),
             "gpus": machine_mod.gpu_summary(self.machine),
             "deadline": self.args.deadline,
+            "used_s": round(self.elapsed(), 1),
             "streams": self.streams,
             "threads": self.threads,
             "stopped": self.stopped,
@@ -807,7 +817,8 @@ class Check:
             say(item, f"  FAILED: {item.detail}\n{item.traceback}")
         if self.stopping.is_set() and item.status not in ("ok", "not run", "skipped"):
             item.seconds = item.seconds or time.perf_counter() - start
-            item.status, item.detail, item.traceback, item.problems = "STOPPED", "", "", []
+            where = item.detail if item.status == "STOPPED" and " in cell " in item.detail else ""
+            item.status, item.detail, item.traceback, item.problems = "STOPPED", where, "", []
 
     def run(self) -> None:
         """The correctness phase, then the timing phase; on a stop, the rest is marked not run."""
