@@ -42,6 +42,21 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - returns the fac
 
 
 @pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group in this process, for the duration of a test (chapters 4 and 8)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    init = (tmp_path / "pg").resolve().as_uri()
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
 def chinese() -> Iterator[None]:
     """Checks and verdicts print in Simplified Chinese during the test, English after (helpers/i18n.py)."""
     from helpers.i18n import set_language

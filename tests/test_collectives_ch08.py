@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,18 +23,6 @@ from helpers import comm_overlap as co
 from helpers.models import make_mlp
 from helpers.scripts import fsdp_by_hand as fbh
 from helpers.scripts import zero1_by_hand as zbh
-
-
-@pytest.fixture
-def one_rank_group(tmp_path: Path) -> Iterator[None]:
-    if not dist.is_available():
-        pytest.skip("this torch build has no torch.distributed")
-    init = (tmp_path / "pg").resolve().as_uri()
-    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", sorted(co.RENAMED_COLLECTIVES))

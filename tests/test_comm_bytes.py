@@ -7,28 +7,13 @@ with NCCL) is enough for DDP to call its communication hook on every bucket.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.models import make_mlp
 from helpers.scripts import fsdp_vs_ddp as f
-
-
-@pytest.fixture
-def one_rank_group(tmp_path: Path) -> Iterator[None]:
-    if not dist.is_available():
-        pytest.skip("this torch build has no torch.distributed")
-    init = (tmp_path / "pg").resolve().as_uri()
-    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def step_bytes(hook: str) -> tuple[int, list[torch.Tensor]]:

@@ -586,15 +586,6 @@ def stop_descendants(grace: float = 3.0) -> None:
 # -- the scheduler ----------------------------------------------------------------------------
 
 
-@dataclass
-class PhaseState:
-    """A phase's machine state (before, after, others' CPU) and how it ran (streams, threads)."""
-
-    state: machine_mod.StageState
-    streams: int
-    threads: int
-
-
 class Check:
     """One gpu_check run: the items, the clock, the streams, the machine's states, the report."""
 
