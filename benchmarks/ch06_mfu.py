@@ -3,8 +3,9 @@
     python benchmarks/ch06_mfu.py                       # the device pick_device() chooses
     python benchmarks/ch06_mfu.py --device cpu --width 1024 --batch 256
 
-The step is chapter 6's section 6 step: four `width` x `width` Linear layers with ReLU, a
-mean-square loss, SGD; its matmuls in bf16 (autocast) on a GPU that computes bf16 natively,
+The step is chapter 6's section 6 step: four `width` x `width` Linear layers
+(helpers.models.make_mlp, ReLU between them; the chapter's also has one after the last,
+which adds no matmul), a mean-square loss, SGD; its matmuls in bf16 (autocast) on a GPU that computes bf16 natively,
 else in fp32 (helpers.mfu.mfu_precision), at the chapter's sizes unless told (a 4 x 4096 MLP at
 batch 4096 on a GPU, 4 x 2048 at batch 512 on a CPU). Its FLOPs are counted by FlopCounterMode
 and checked against the count by hand (each layer's forward, weight gradient and input
@@ -26,11 +27,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch import nn
 
 from helpers.devices import describe_device, pick_device
 from helpers.machine_state import MachineState, machine_state
 from helpers.mfu import achievable_peak, count_flops, measure_mfu, mfu_precision, reference_peak
+from helpers.models import make_mlp
 
 VERSION = 1
 #: MFU the chapter 6 step should reach on an H100 or H200 (issue 33), of the bf16 datasheet peak.
@@ -45,9 +46,7 @@ def sizes(device: torch.device) -> tuple[int, int]:
 
 def make_step(width: int, batch: int, device: torch.device, dtype: torch.dtype):  # noqa: ANN201
     """Chapter 6's MFU step: a 4-layer MLP, mean-square loss, SGD, matmuls in `dtype`."""
-    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(
-        device
-    )
+    model = make_mlp((width,) * 5, device=device)  # the course's one MLP: 4 square layers
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(batch, width, device=device)
 
