@@ -505,3 +505,23 @@ def test_programs_that_race_on_dq_fail_and_atomic_adds_pass(capsys) -> None:  # 
     atomic = check_triton_backward(solution_variant("atomic", DQ_ADDED_ATOMICALLY))
     assert atomic.passed, atomic.message
     assert "cannot check what only a GPU shows" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not RUNS, reason="Triton cannot run here (not installed, or no interpreter)")
+def test_the_store_recorder_passes_on_every_triton_versions_arguments(monkeypatch) -> None:  # noqa: ANN001
+    """Triton 3.8's create_masked_store takes 5 arguments after self, 3.1's 4: both pass through."""
+    from helpers.checks import ch08 as checks
+
+    builder = checks.triton_interpreter.InterpreterBuilder
+    seen = []
+    monkeypatch.setattr(builder, "create_masked_store", lambda self, *a: seen.append(a))
+    monkeypatch.setattr(builder, "create_atomic_rmw", lambda self, *a: seen.append(a))
+    with checks._triton_stores():
+        builder.create_masked_store(None, "ptrs", "value", "mask", "cache", "eviction")
+        builder.create_masked_store(None, "ptrs", "value", "mask", "cache_policy")
+        builder.create_atomic_rmw(None, "op", "ptr", "val", "mask", "sem", "scope")
+    assert seen == [
+        ("ptrs", "value", "mask", "cache", "eviction"),
+        ("ptrs", "value", "mask", "cache_policy"),
+        ("op", "ptr", "val", "mask", "sem", "scope"),
+    ]

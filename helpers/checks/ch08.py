@@ -709,17 +709,19 @@ def _triton_stores() -> Iterator[list[Launch]]:
             where = np.ones(ptrs.data.shape, bool) if mask is None else np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)  # fmt: skip
             launches[-1].append((tuple(self.grid_idx), np.asarray(ptrs.data)[where].astype(np.uint64), atomic))  # fmt: skip
 
-    def masked_store(self, ptrs, value, mask, cache_policy):  # noqa: ANN001, ANN202
+    # Triton's versions add trailing arguments (3.8: cache_modifier and eviction_policy where
+    # 3.1 had one cache_policy): pass on whatever follows the ones read here.
+    def masked_store(self, ptrs, value, mask, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record(self, ptrs, mask, False)
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest, **kw)
 
-    def atomic_rmw(self, op, ptr, val, mask, sem, scope):  # noqa: ANN001, ANN202
+    def atomic_rmw(self, op, ptr, val, mask, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record(self, ptr, mask, True)
-        return rmw(self, op, ptr, val, mask, sem, scope)
+        return rmw(self, op, ptr, val, mask, *rest, **kw)
 
-    def atomic_cas(self, ptr, cmp, val, sem, scope):  # noqa: ANN001, ANN202
+    def atomic_cas(self, ptr, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record(self, ptr, None, True)
-        return cas(self, ptr, cmp, val, sem, scope)
+        return cas(self, ptr, *rest, **kw)
 
     def launch(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         launches.append([])
