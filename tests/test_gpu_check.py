@@ -165,6 +165,20 @@ def test_pytest_uses_xdist_only_where_installed(
         assert "tests" in command and "--ignore=tests/browser" in command
 
 
+def test_the_cuda_tests_collect_only_their_own_files(tmp_path: Path) -> None:
+    # The H200 run of 2026-11-28 failed its tests on `import polib` in tests/test_translate.py,
+    # a module with no cuda test, collected only because the whole folder was.
+    args = gpu_check.parse_args([])
+    item = plan_mod.Item("tests", "tests", 1.0, args=["-m", plan_mod.CUDA_MARKER])
+    command = run_mod.pytest_command(args, tmp_path / "t.xml", item)
+    files = [c for c in command if c.startswith("tests/test_")]
+    listed = (ROOT / "tests" / "cuda_tests.txt").read_text(encoding="utf-8")
+    assert files and all(f + "::" in listed for f in files) and "tests" not in command
+    assert "tests/test_translate.py" not in files and "tests/test_devices.py" in files
+    every = run_mod.pytest_command(gpu_check.parse_args(["--all-tests"]), tmp_path / "t.xml")
+    assert "tests" in every
+
+
 def test_a_part_whose_modules_are_missing_fails_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

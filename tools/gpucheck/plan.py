@@ -86,60 +86,61 @@ ONE_LAUNCH_JOBS: dict[str, list[str]] = {
 }
 
 #: Seconds each item takes on one H100 or H200 with 16 cores, for --deadline and --plan.
-#: Measured on the course's H100 run of 2026-11-26 (one H100 80GB HBM3, 16 cores, torch 2.11,
-#: commit b3177ab; shared/gpu-runs/h100-2026-11-26): the chapters and solutions ran in three
-#: notebook streams at once beside the unit tests, as the correctness phase runs them now
-#: (summary-chA/chB/sol.md; ch02 stopped at cell 133 of about 140, so its full run is a little
-#: longer), the benchmarks one at a time (timeline.txt), NCCL alone (summary-nccl.md). The
-#: exercises were timed together only: 01-05 and part of 06 in the 57 s their stream had,
-#: about 10 s each. Entries marked "assumed" were not run there: a conservative guess,
-#: corrected by the pace of what runs first.
+#: Measured on the course's H200 run of 2026-11-28 (one NVIDIA H200, 16 Xeon cores, torch
+#: 2.11.0+cu130, commit f63d8e0; reference/nvidia-h200): the chapters, solutions, exercises,
+#: the cuda-marked unit tests and the NCCL launches in the correctness phase's three streams
+#: (shared GPU, 5 threads each), the headline benchmarks one at a time, alone. The full
+#: benchmarks (--full-benchmarks) come from the H100 run of 2026-11-26 (commit b3177ab) or are
+#: marked "assumed": a conservative guess, corrected by the pace of what runs first.
 EXPECTED_S: dict[str, float] = {
-    "notebooks/01_devices.ipynb": 34,
-    "notebooks/02_training_loop.ipynb": 100,
+    "notebooks/01_devices.ipynb": 49,
+    "notebooks/02_training_loop.ipynb": 87,
     "notebooks/03_mixed_precision.ipynb": 29,
     "notebooks/04_multi_gpu.ipynb": 83,
-    "notebooks/05_memory.ipynb": 38,
-    "notebooks/06_profiling.ipynb": 43,
-    # assumed: 171 s before its ablation on 2026-11-26 at 12 x 768, T 1024; since then 6 x 768
-    # at T 512 on a big GPU, no second run of the final per ablation pass (issue 33); about six
-    # cold compiles remain, guessed at 20 s each: 150-210 s
-    "notebooks/07_capstone.ipynb": 200,
-    "notebooks/08_build_it.ipynb": 120,  # assumed: 63 s on a loaded 2-core CPU; GPU sweeps to T = 8192
-    "solutions/01_devices_solutions.ipynb": 14,
-    "solutions/02_training_loop_solutions.ipynb": 19,
-    "solutions/03_mixed_precision_solutions.ipynb": 12,
-    "solutions/04_multi_gpu_solutions.ipynb": 53,
+    "notebooks/05_memory.ipynb": 33,
+    "notebooks/06_profiling.ipynb": 39,
+    "notebooks/07_capstone.ipynb": 188,
+    "notebooks/08_build_it.ipynb": 66,
+    "solutions/01_devices_solutions.ipynb": 13,
+    "solutions/02_training_loop_solutions.ipynb": 18,
+    "solutions/03_mixed_precision_solutions.ipynb": 9,
+    "solutions/04_multi_gpu_solutions.ipynb": 49,
     "solutions/05_memory_solutions.ipynb": 13,
-    "solutions/06_profiling_solutions.ipynb": 12,
-    "solutions/07_capstone_solutions.ipynb": 21,
-    "solutions/08_build_it_solutions.ipynb": 40,  # assumed: 48 s on a loaded 2-core CPU
-    # the full benchmarks (--full-benchmarks), each alone
+    "solutions/06_profiling_solutions.ipynb": 14,
+    "solutions/07_capstone_solutions.ipynb": 12,
+    "solutions/08_build_it_solutions.ipynb": 61,
+    "exercises/01_devices_exercises.ipynb": 7,
+    "exercises/02_training_loop_exercises.ipynb": 15,
+    "exercises/03_mixed_precision_exercises.ipynb": 10,
+    "exercises/04_multi_gpu_exercises.ipynb": 5,
+    "exercises/05_memory_exercises.ipynb": 6,
+    "exercises/06_profiling_exercises.ipynb": 13,
+    "exercises/07_capstone_exercises.ipynb": 11,
+    "exercises/08_build_it_exercises.ipynb": 8,
+    # the full benchmarks (--full-benchmarks), each alone (the H100 run of 2026-11-26)
     "benchmarks/ch01_matmul.py": 20,
     "benchmarks/ch02_training_loop.py": 36,
     "benchmarks/ch03_amp.py": 60,  # assumed
     "benchmarks/ch04_scaling.py": 120,  # assumed: launches gloo ranks, several repeats
     "benchmarks/ch05_memory.py": 60,  # assumed
     "benchmarks/ch06_case_study.py": 21,
-    "benchmarks/ch06_mfu.py": 15,  # assumed: one MLP step timed, a bf16 matmul for the reference
+    "benchmarks/ch06_mfu.py": 13,
     "benchmarks/ch07_capstone.py": 450,  # assumed: 115 s before its ablation, 6-9 min expected
     "benchmarks/ch08_build_it.py": 150,  # assumed: Triton compiles and timings to T = 8192, NCCL
-    # the headline benchmarks (the timing phase's default)
-    # assumed: the baseline, the final configuration and FP8 on top at 12 x 768, T 1024 (two
-    # cold compiles, 40-60 s each on a quiet H100), then 3 rounds of the three
-    "headline/ch07_capstone": 170,
-    "headline/ch06_mfu": 15,  # assumed
-    "headline/ch08_build_it": 60,  # assumed: the attention part at T = 2048 and 8192 (Triton compiles)
-    "headline/ch02_training_loop": 30,  # 36 s with 5 rounds (2026-11-26); 3 rounds here
-    "headline/ch01_matmul": 15,  # 20 s with 5 rounds (2026-11-26); 2 rounds here
-    # every unit test, -n 10 beside the notebook streams (2026-11-26)
+    # the headline benchmarks (the timing phase's default), alone (the H200 run)
+    # 57 s without FP8 (torchao was not installed there); an FP8 row adds a cold compile and
+    # its rounds: assumed 40 s more
+    "headline/ch07_capstone": 100,
+    "headline/ch06_mfu": 13,
+    "headline/ch08_build_it": 24,  # the attention part at T = 2048 and 8192
+    "headline/ch02_training_loop": 50,  # 3 rounds
+    "headline/ch01_matmul": 53,  # 2 rounds, with the burst-vs-sweep idle gaps
+    # every unit test, -n 10 beside the notebook streams (the H100 run of 2026-11-26)
     "tests": 377,
-    # the tests marked cuda (tests/cuda_tests.txt) in one stream of 5 workers: they took 12% of
-    # the suite's time on the 2-core CPU (194 of 1,627 s, one process, 2026-11-28), so 0.12 x
-    # 377 s x 10 / 5 workers = 90 s; rounded up for the chapter 8 checks' new tests
-    "tests/cuda": 100,
-    "nccl/ddp_train": 15,
-    "nccl/fsdp_vs_ddp": 14,
+    # the tests marked cuda (tests/cuda_tests.txt), one stream of 5 workers (the H200 run)
+    "tests/cuda": 85,
+    "nccl/ddp_train": 16,
+    "nccl/fsdp_vs_ddp": 17,
     "nccl/one_launch": 13,
 }
 #: The estimate of an item EXPECTED_S does not list (a new notebook, a --quick benchmark).

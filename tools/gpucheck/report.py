@@ -94,7 +94,10 @@ def benchmarks_markdown(items: list[Item]) -> str:
 
 def tests_markdown(items: list[Item]) -> str:
     (item,) = items
-    return (item.markdown or f"Not run: {item.detail}.\n") + tracebacks(items)
+    if not item.markdown:
+        return f"Tests: {item.result()}.\n" + tracebacks(items)
+    carried = f"Carried over: {item.result()}.\n\n" if item.earlier else ""
+    return carried + item.markdown + tracebacks(items)
 
 
 def nccl_markdown(items: list[Item]) -> str:

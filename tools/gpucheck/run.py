@@ -31,6 +31,7 @@ from gpucheck.common import ROOT, child_env, fenced, label, log_text, md_cell, t
 from gpucheck.plan import (
     FINISH_RESERVE_S,
     ITEM_OVERHEAD_S,
+    CUDA_MARKER,
     NCCL_SCRIPTS,
     NEEDS,
     ONE_LAUNCH_JOBS,
@@ -298,6 +299,20 @@ def xdist_workers(threads: int) -> int:
     return max(1, threads)
 
 
+def cuda_test_files() -> list[str]:
+    """The test files that hold a test tests/cuda_tests.txt lists (GPU check, chapters 1-8).
+
+    Only these are collected for `-m cuda`: a module with no such test is not imported, so a
+    package it alone needs (polib, for the translation tests) cannot fail the GPU's run.
+    """
+    listed = ROOT / "tests" / "cuda_tests.txt"
+    if not listed.is_file():
+        return []
+    lines = listed.read_text(encoding="utf-8").splitlines()
+    files = {line.split("::", 1)[0].strip() for line in lines if "::" in line}
+    return sorted(f for f in files if not f.startswith("#") and (ROOT / f).is_file())
+
+
 def pytest_command(args: argparse.Namespace, junit: Path, item: Item | None = None) -> list[str]:
     """pytest on the unit tests (never the browser tests), in parallel where xdist exists.
 
@@ -305,6 +320,8 @@ def pytest_command(args: argparse.Namespace, junit: Path, item: Item | None = No
     runs. In a stream, xdist gets one worker per thread of the stream, each with one thread.
     """
     paths = list(args.tests) if args.tests else (list(QUICK_TESTS) if args.quick else ["tests"])
+    if paths == ["tests"] and item is not None and CUDA_MARKER in item.args:
+        paths = cuda_test_files() or paths
     paths = [p for p in paths if (ROOT / p).exists() or Path(p).is_absolute()]
     command = [sys.executable, "-m", "pytest", *paths, "--ignore=tests/browser"]
     command += ["-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={junit}"]
