@@ -29,9 +29,9 @@ from gpucheck import machine as machine_mod
 from gpucheck import report
 from gpucheck.common import ROOT, child_env, fenced, label, log_text, md_cell, tail, write_file
 from gpucheck.plan import (
+    CUDA_MARKER,
     FINISH_RESERVE_S,
     ITEM_OVERHEAD_S,
-    CUDA_MARKER,
     NCCL_SCRIPTS,
     NEEDS,
     ONE_LAUNCH_JOBS,
