@@ -172,12 +172,19 @@ def torchrun_command(
     return [*head, *ranks, *tail, str(script), *[str(a) for a in args]]
 
 
+#: The variables that set a process's compute threads (OpenMP, MKL, OpenBLAS), chapter 4.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
 def worker_env(
     backend: str, nproc: int, threads: int | None = None, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
     """The environment for torchrun and its ranks: backend, threads per rank, loopback only (chapter 4)."""
     env = {**os.environ, BACKEND_ENV: backend, "PYTHONUNBUFFERED": "1"}
-    env["OMP_NUM_THREADS"] = str(threads or max(1, cpu_cores() // nproc))
+    # every thread-count variable torch or its BLAS reads: torch takes MKL_NUM_THREADS over
+    # OMP_NUM_THREADS, so an MKL_NUM_THREADS=5 left in the parent gave each rank 5 threads
+    count = str(threads or max(1, cpu_cores() // nproc))
+    env.update({var: count for var in THREAD_VARS})
     if os.name == "nt":  # torch's Windows wheels have no libuv TCPStore
         env.setdefault("USE_LIBUV", "0")
     # keep gloo's and NCCL's own sockets on the interface that holds 127.0.0.1 ('lo', 'lo0')

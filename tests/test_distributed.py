@@ -158,6 +158,22 @@ def test_tcp_rendezvous_command_and_loopback() -> None:
         assert env["GLOO_SOCKET_IFNAME"] == lo[0], "gloo's sockets stay on loopback"
 
 
+def test_each_rank_gets_the_threads_asked_for_whatever_the_parent_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The H200 run of 2026-11-28: the GPU check exported MKL_NUM_THREADS=5, torch took it over
+    # OMP_NUM_THREADS=1, and chapter 4's "one thread per rank" table ran 5 per rank.
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    env = worker_env("gloo", 2, threads=1)
+    assert all(
+        env[v] == "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    )
+    res = launch2("manual_allreduce", ["--out", tmp_path, "--per-rank-batch", 8], threads=1)
+    ready = [line for line in res.lines if READY_MARKER in line]
+    assert res.ok and ready and "1 thread(s) per rank" in ready[0], res.lines[-5:]
+
+
 def test_torchrun_command_in_the_order_the_notebook_prints() -> None:
     cmd = torchrun_command(
         "t.py", 8, [1], nnodes=2, rdzv_endpoint="n:9", rdzv_id="j", max_restarts=3

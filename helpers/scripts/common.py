@@ -108,6 +108,8 @@ def setup(timeout_s: float = 60.0) -> Context:
     else:
         device = torch.device("cpu")
         dist.init_process_group(backend, **join)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # what the launcher gave each rank
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     ctx = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
     dist.barrier()
     if ctx.is_main:
