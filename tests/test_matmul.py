@@ -556,3 +556,12 @@ def test_tf32_enabled_on_a_torch_with_one_api(monkeypatch, allowed: bool) -> Non
     """torch < 2.9 (2.5 is the floor) has allow_tf32 only, with no fp32_precision to read."""
     monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=allowed))
     assert mm.tf32_enabled() is allowed
+
+
+def test_only_a_cpu_predicts_a_big_call_from_a_small_one(fake_gpu) -> None:  # noqa: ANN001
+    # The H200 run of 2026-11-28: a 256 x 256 probe read 269 us of launch and sync on a shared
+    # GPU, and n = 4096 (2.7 ms) was skipped as "about 1.1 s".
+    assert mm.calibrates(torch.device("cpu"))
+    gpu = fake_gpu("h100_sxm")
+    assert not mm.calibrates(gpu.device)
+    assert not mm.calibrates(torch.device("mps"))
