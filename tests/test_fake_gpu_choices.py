@@ -329,3 +329,34 @@ def test_profiler_adds_the_xpu_activity_for_an_intel_gpu(monkeypatch: pytest.Mon
     if hasattr(ProfilerActivity, "XPU"):
         assert activities == [ProfilerActivity.CPU, ProfilerActivity.XPU]
     assert profiling.self_time_key("xpu:0") == "self_device_time_total"
+
+
+def test_sync_counter_keeps_torch_prototype_note_from_the_learner(
+    fake_gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    # The H200 run of 2026-11-28 printed torch's "Synchronization debug mode is a prototype
+    # feature" warning under 7 cells: the counter handed it back with the other warnings.
+    import warnings
+
+    fake_gpu("h100_sxm")
+    mode = {"now": 0}
+
+    def set_mode(m: str | int) -> None:
+        if m == "warn":
+            warnings.warn(
+                "Synchronization debug mode is a prototype feature and does not yet detect all "
+                "synchronizing operations",
+                UserWarning,
+                stacklevel=2,
+            )
+            warnings.warn("an unrelated warning", UserWarning, stacklevel=2)
+        mode["now"] = m
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode["now"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with SyncCounter() as counter:
+            pass
+    texts = [str(w.message) for w in caught]
+    assert counter.cuda_syncs == 0 and texts == ["an unrelated warning"], texts
