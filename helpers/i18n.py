@@ -69,6 +69,9 @@ def tr_mark(message: str) -> str:
 CJK_FONTS = (
     "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
     "WenQuanYi Micro Hei", "PingFang SC", "Heiti SC", "Hiragino Sans GB", "Microsoft YaHei", "SimHei",
+    # last: Debian's fonts-noto-cjk is one .ttc whose first font is the Japanese one, the only
+    # one matplotlib before 3.11 reads; it has every Chinese character, in Japanese shapes
+    "Noto Sans CJK JP",
 )  # fmt: skip
 
 
