@@ -146,6 +146,12 @@ def cut_advice(bucket: str, on: set[str], available: set[str], on_gpu: bool) -> 
     if bucket == IDLE_GPU:
         if "graphs" not in on and "graphs" in available:
             return "CUDA graphs (the GPU replays the step without waiting for launches)"
+        if "graphs" in on:  # the capstone graphs forward and backward, not the optimizer
+            return (
+                "the CUDA graphs hold forward and backward; the optimizer step and gradient "
+                "clipping still launch kernel by kernel outside them: capture those too "
+                "(torch.compile the optimizer step), or give each launch more work (a bigger batch)"
+            )
         return "more work per launch: a bigger batch, or fewer, larger kernels"
     if bucket == IDLE_CPU:
         data = "" if "resident" in on else "resident data takes the DataLoader's share of it; "
