@@ -22,6 +22,7 @@ from helpers.activations import (
 from helpers.devices import resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import parse_precision
+from helpers.i18n import tr
 from helpers.machine_state import GpuTenants, gpu_tenants
 from helpers.memory import track_peak
 from helpers.models import make_mlp, wide_mlp_sizes
@@ -265,7 +266,22 @@ class BillSweep(Printed):
     settings: dict[str, Any]
 
     def __str__(self) -> str:
-        return f"{self.settings}\n{self.sweep}"
+        s = self.settings
+        keys = ("device", "depth", "width", "parameters MiB", "precision", "checkpointing")
+        if all(k in s for k in keys):
+            head = tr(
+                "{device}: MLP {depth} x {width} ({mib} MiB of parameters), {precision}, {ckpt}"
+            ).format(
+                device=s["device"],
+                depth=s["depth"],
+                width=s["width"],
+                mib=s["parameters MiB"],
+                precision=s["precision"],
+                ckpt=tr("checkpointing") if s["checkpointing"] else tr("no checkpointing"),
+            )
+        else:  # settings a caller made: each as "name value"
+            head = ", ".join(f"{k} {v}" for k, v in s.items())
+        return f"{head}\n{self.sweep}"
 
 
 def bill_sweep(

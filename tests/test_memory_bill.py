@@ -19,6 +19,7 @@ from helpers.memory_bill import (
     plot_bill_sweep,
 )
 from helpers.models import make_mlp, wide_mlp_sizes
+from helpers.sweeps import run_sweep
 from helpers.validate import DeviceError
 from helpers.widgets import interactive_plot
 
@@ -285,3 +286,19 @@ def test_outside_allocator_needs_cuda(fake_gpu, kind: str) -> None:  # noqa: ANN
     device = "cpu" if kind == "cpu" else fake_gpu("mps").device
     with pytest.raises(DeviceError, match="no CUDA context to measure here"):
         outside_allocator(device)
+
+
+def test_a_bill_sweep_prints_its_settings_as_a_sentence_not_a_dict() -> None:
+    # The H200 run of 2026-11-28: chapter 5 printed {'device': 'cuda:0', 'width': 4096, ...}.
+    sweep = run_sweep(lambda b: {"MiB": float(b)}, [1, 2], param="batch", progress=False)
+    settings = {
+        "device": "cuda:0",
+        "width": 4096,
+        "depth": 4,
+        "precision": "fp32",
+        "checkpointing": False,
+        "parameters MiB": 256.22,
+    }
+    head = str(BillSweep(sweep, settings)).splitlines()[0]
+    assert head == "cuda:0: MLP 4 x 4096 (256.22 MiB of parameters), fp32, no checkpointing"
+    assert str(BillSweep(sweep, {"depth": 2})).startswith("depth 2\n")

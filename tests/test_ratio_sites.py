@@ -160,11 +160,6 @@ ALLOWED: list[tuple[str, str, str]] = [
     ),
     # --- not a ratio between two timing rows --------------------------------------------------
     (
-        "notebooks/01_devices.ipynb",
-        "one-shot reading claimed",
-        "the myth cell: one reading against the benchmark",
-    ),
-    (
         "notebooks/02_training_loop.ipynb",
         "x the launch time",
         "work time over launch time of one cell",
