@@ -174,3 +174,19 @@ def plot_saved_bytes(rows: Sequence[dict[str, Any]]) -> Figure:
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """F.scaled_dot_product_attention with the chapter's argument order (chapter 8)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def forward_hbm_bytes(t: int, head_dim: int, block_m: int, itemsize: int) -> int:
+    """HBM bytes one (batch, head) of a FlashAttention-2 forward moves: Q once, K and V once per query tile, O and a float32 lse written (chapter 8)."""
+    tiles = -(-t // block_m)
+    return itemsize * (2 * t * head_dim + tiles * 2 * t * head_dim) + 4 * t
+
+
+def written_out_hbm_bytes(t: int, head_dim: int, itemsize: int) -> int:
+    """HBM bytes of the written-out forward, one (batch, head): Q, K, V read, S written and read, P written and read, O written (chapter 8)."""
+    return itemsize * (4 * t * head_dim + 4 * t * t)
+
+
+def tile_sram_bytes(block_m: int, block_n: int, head_dim: int, itemsize: int) -> int:
+    """On-chip bytes one forward program holds: its Q tile, a K and a V tile, float32 scores, acc, m and l (chapter 8)."""
+    return itemsize * (block_m + 2 * block_n) * head_dim + 4 * (block_m * block_n + block_m * head_dim + 2 * block_m)  # fmt: skip

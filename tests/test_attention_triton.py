@@ -159,3 +159,115 @@ def test_gpu_blocks_by_dtype_and_generation(fake_gpu, kind, dtype, blocks) -> No
     q = OnTheGpu()
     q.dtype, q.device = dtype, gpu.device
     assert at.gpu_blocks(q) == blocks
+
+
+# --- the backward in Triton (issue 31, item 6) ---------------------------------------------------
+
+#: Lengths that are not a multiple of the interpreter's tiles (16 and 32), one shorter than a tile.
+BACKWARD_SHAPES = [(1, 2, 40, 16), (2, 1, 72, 32), (1, 1, 3, 16), (1, 1, 50, 64)]
+
+
+def triton_results(q, k, v, dout, causal):
+    """out, lse, dq, dk, dv of the Triton forward and backward, as attention_errors judges them."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = at.triton_attention(*leaves, causal)
+    out.backward(dout)
+    lse = at.triton_flash_forward(q, k, v, causal)[1]
+    return {"out": out.detach(), "lse": lse, **{n: x.grad for n, x in zip(("dq", "dk", "dv"), leaves)}}  # fmt: skip
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", BACKWARD_SHAPES)
+# fp16, not bf16: Triton 3.9's interpreter mishandles bf16 on the CPU
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_backward_kernels_pass_the_float64_rule(shape, causal, dtype) -> None:
+    from helpers.attention_errors import allowed_factor, error_ratios, judge_inputs
+
+    q, k, v, dout = judge_inputs(shape, dtype, seed=sum(shape), device=DEVICE)
+    ratios = error_ratios(triton_results(q, k, v, dout, causal), q, k, v, dout, causal)
+    worst = {n: r["ratio"] for n, r in ratios.items() if n in ("dq", "dk", "dv")}
+    assert max(worst.values()) <= allowed_factor(dtype), worst
+    grads = triton_results(q, k, v, dout, causal)
+    assert all(grads[n].dtype == dtype for n in ("dq", "dk", "dv"))
+
+
+@needs_triton
+def test_backward_is_triton_kernels_only() -> None:
+    """No matrix product of torch's runs in the backward: every product is a tl.dot."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        ran: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("mm", "bmm", "matmul", "addmm", "baddbmm"):
+                self.ran.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, dout = inputs((1, 1, 40, 16), seed=5)
+    out, lse = at.triton_flash_forward(q, k, v, True)
+    with Products() as watch:
+        grads = at.triton_attention_backward(q, k, v, out, lse, dout, True)
+    assert watch.ran == [] and len(grads) == 3
+
+
+@needs_triton
+def test_backward_blocks_must_nest() -> None:
+    q, k, v, dout = inputs((1, 1, 40, 16))
+    out, lse = at.triton_flash_forward(q, k, v)
+    with pytest.raises(ValueError, match="multiple of block_small"):
+        at.triton_attention_backward(q, k, v, out, lse, dout, block_small=32, block_big=48)
+
+
+@pytest.mark.parametrize(
+    ("kind", "dtype", "head_dim", "big", "small"),
+    [
+        ("h100_sxm", torch.bfloat16, 64, 128, 32),
+        ("h100_sxm", torch.bfloat16, 128, 128, 32),
+        ("t4", torch.float16, 64, 64, 32),
+        ("t4", torch.float16, 128, 32, 32),  # 82 KiB of shared memory at 64: over a T4's 64 KiB
+        ("h100_sxm", torch.float32, 64, 64, 16),
+        ("h100_sxm", torch.float32, 128, 32, 16),
+        ("mi300x", torch.bfloat16, 128, 128, 32),
+    ],
+)
+def test_gpu_backward_blocks(fake_gpu, kind, dtype, head_dim, big, small) -> None:
+    gpu = fake_gpu(kind)
+    q = torch.empty(1, 1, 1, head_dim, device="meta", dtype=dtype)
+    q_on_gpu = type("OnTheGpu", (), {"dtype": dtype, "device": gpu.device, "size": q.size})()
+    blocks = at.gpu_backward_blocks(q_on_gpu)
+    assert (blocks["block_big"], blocks["block_small"]) == (big, small)
+    assert blocks["block_big"] % blocks["block_small"] == 0
+
+
+@needs_triton
+def test_exercise_5_refuses_the_chapters_own_backward() -> None:
+    """The stretch exercise stays an exercise: calling the chapter's backward, by name, alias or module, fails."""
+    from helpers.checks.ch08 import check_triton_backward
+
+    def by_name(q, k, v, out, lse, dout, causal=False):
+        return at.triton_attention_backward(q, k, v, out, lse, dout, causal)
+
+    mine = at.triton_attention_backward
+
+    def by_alias(q, k, v, out, lse, dout, causal=False):
+        return mine(q, k, v, out, lse, dout, causal)
+
+    table = {"bwd": at.triton_attention_backward}
+
+    def through_a_dict(q, k, v, out, lse, dout, causal=False):
+        return table["bwd"](q, k, v, out, lse, dout, causal)
+
+    for answer in (by_name, by_alias, through_a_dict):
+        result = check_triton_backward(answer)
+        assert not result.passed, result.message
+        assert "chapter's own Triton backward" in result.message, result.message
+
+
+def test_forward_tiles_must_nest() -> None:
+    # The forward runs the key tiles before the diagonal unmasked: that needs the query tile
+    # to be a whole number of key tiles, or a key tile would cross the diagonal unmasked.
+    q, k, v, _ = inputs((1, 1, 32, 16))
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        at.triton_flash_forward(q, k, v, True, block_m=16, block_n=32)

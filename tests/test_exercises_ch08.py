@@ -192,7 +192,7 @@ TILED_MISTAKES = [
     ),
     (
         lambda q, k, v, causal=False, block=16: tiled(q, k, v, causal, block, rescale=False),
-        "scale the old l and acc",
+        "you rescaled l but not acc",
     ),
     (
         lambda q, k, v, causal=False, block=16: tiled(q, k, v, causal, block, subtract_max=False),
@@ -525,3 +525,274 @@ def test_the_store_recorder_passes_on_every_triton_versions_arguments(monkeypatc
         ("ptrs", "value", "mask", "cache_policy"),
         ("op", "ptr", "val", "mask", "sem", "scope"),
     ]
+
+
+# --- issue 31, item 4: the planted-bug gallery's kinds, against the checkers' new rule ------------
+# (helpers.attention_errors: a kernel's error against float64 at most ALLOWED_FACTOR x plain
+# PyTorch's error in the same dtype; float64 probes keep float64's rounding bound)
+
+
+def tiled_with(q, k, v, causal=False, block=16, *, p16=False, lse_off=0.0, late_tile=0):
+    """The tiled forward with one of the gallery's bugs, where it does its work in float32 (an fp32 kernel's bug)."""
+    t, work = q.size(-2), torch.promote_types(q.dtype, torch.float32)
+    in_fp32 = work == torch.float32
+    outs, lses = [], []
+    for qs in range(0, t, block):
+        qi = q[..., qs : qs + block, :].to(work) / math.sqrt(q.size(-1))
+        rows = torch.arange(qs, qs + qi.size(-2))[:, None]
+        m = torch.full(qi.shape[:-1], -math.inf, dtype=work)
+        ell, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for ks in range(0, min(t, qs + block) if causal else t, block):
+            kj, vj = k[..., ks : ks + block, :].to(work), v[..., ks : ks + block, :].to(work)
+            s = qi @ kj.transpose(-2, -1)
+            if causal:  # late_tile: one position late in that query tile only (1 = the second)
+                keys = torch.arange(ks, ks + kj.size(-2))[None, :]
+                s = s.masked_fill(
+                    keys > rows + int(late_tile and qs == late_tile * block), -math.inf
+                )
+            m_new = torch.maximum(m, s.amax(-1))
+            p, r = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            ell = ell * r + p.sum(-1)
+            acc = acc * r[..., None] + (p.half().to(work) if p16 and in_fp32 else p) @ vj
+            m = m_new
+        outs.append((acc / ell[..., None]).to(q.dtype))
+        lses.append(m + torch.log(ell) + (lse_off if in_fp32 else 0.0))
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+TILED_GALLERY = [
+    ({"p16": True}, ("float32, T = 64", "about what a rounding to 16 bits costs", "no .half()")),
+    ({"lse_off": 1e-4}, ("float32, T = 64", "+0.0001 from m + log(l) on every row")),
+    ({"late_tile": 1}, ("query tile(s) 2", "one position late", "other tiles are right")),
+]
+
+
+@pytest.mark.parametrize(("bug", "hint"), TILED_GALLERY, ids=lambda x: str(x)[:20])
+def test_the_gallerys_bugs_in_a_tiled_forward_fail_with_their_hint(bug, hint) -> None:
+    """Refused before too, but with 'your output differs from softmax(...) by up to 0.000221' (P
+    in fp16), by up to 4.08e-07 (the lse off by 1e-4: the output was right) and by up to 0.333
+    (the late mask): the hint never named the mistake."""
+    result = check_tiled_attention(lambda q, k, v, causal=False, block=16: tiled_with(q, k, v, causal, block, **bug))  # fmt: skip
+    assert fails(result, *hint), result.message
+
+
+def test_a_missing_rescale_of_acc_alone_is_named() -> None:
+    """The gallery's 'no rescale of acc in the merge': the old hint said 'scale the old l and acc'."""
+    result = check_tiled_attention(lambda q, k, v, causal=False, block=16: tiled(q, k, v, causal, block, rescale=False))  # fmt: skip
+    assert fails(result, "you rescaled l but not acc", "acc * exp(m - m_new)"), result.message
+
+
+def test_the_gallerys_forward_without_a_bug_passes() -> None:
+    assert check_tiled_attention(lambda q, k, v, causal=False, block=16: tiled_with(q, k, v, causal, block)).passed  # fmt: skip
+
+
+#: The gallery's kinds in the solution's Triton backward: (replacements, words of the hint)
+TRITON_GALLERY = {
+    "P rounded to fp16 before P^T dO": (
+        [
+            (
+                "dv += tl.dot(tl.trans(p), do,",
+                "dv += tl.dot(tl.trans(p.to(tl.float16).to(tl.float32)), do,",
+            )
+        ],  # fmt: skip
+        ("dv is off by", "rounding to 16 bits", "no .to(tl.float16)"),
+    ),
+    "D from an fp16-rounded O": (
+        [("delta = (dout * out.float())", "delta = (dout * out.half().float())")],
+        ("dq is off by", "rounding to 16 bits", "dv is right, so P is: look at dS and D"),
+    ),
+    "lse off by 1e-4": (
+        [("lse = lse.contiguous().float()", "lse = lse.contiguous().float() + 1e-4")],
+        ("dq is off by", "0.9999 times the right one", "the lse exactly as given"),
+    ),
+    "mask one late in query tile 2 (dQ's kernel)": (
+        [
+            (
+                "                hidden = hidden | (keys[None, :] > rows[:, None])\n"
+                "            p = tl.where(hidden, 0.0, tl.exp(s - lse[:, None]))\n"
+                "            dp",
+                "                hidden = hidden | (keys[None, :] > rows[:, None] + (tile == 1).to(tl.int32))\n"
+                "            p = tl.where(hidden, 0.0, tl.exp(s - lse[:, None]))\n"
+                "            dp",
+            )
+        ],
+        ("dq is off by", "only rows 16 to 30 are, the rest are right", "causal mask"),
+    ),
+}
+
+
+@pytest.mark.skipif(not RUNS, reason="Triton cannot run here (not installed, or no interpreter)")
+@pytest.mark.parametrize("bug", TRITON_GALLERY)
+def test_the_gallerys_bugs_in_the_triton_backward_fail_with_their_hint(bug: str) -> None:
+    """Refused before too (at these small probes the old bound was 1.6-4x short of them, where at
+    T = 200, d = 32 it let D from a rounded O, the lse off and P in fp16 through: the gallery's
+    'grads / bound' 0.30, 0.59, 0.23), but with 'dq is off by 1.63 x the rounding bound: dQ = ...'."""
+    replacements, hint = TRITON_GALLERY[bug]
+    result = check_triton_backward(solution_variant(bug, replacements))
+    assert fails(result, *hint), result.message
+
+
+# --- the strict grader's answers (issue 31, section 2): accepted, refused or misled before --------
+
+
+def tiled_graded(q, k, v, causal=False, block=16, *, bq=None, bk=None, work=None, running_max=True, twice=False):  # fmt: skip
+    """The grader's tile loop with its knobs: tile sizes, accumulation dtype, running max, the scale twice."""
+    t, (bq, bk) = q.size(-2), (bq or block, bk or block)
+    work, scale = work or torch.promote_types(q.dtype, torch.float32), 1 / math.sqrt(q.size(-1))
+    outs, lses = [], []
+    for qs in range(0, t, bq):
+        qi = q[..., qs : qs + bq, :].to(work) * scale
+        rows = torch.arange(qs, qs + qi.size(-2))[:, None]
+        m = torch.full(qi.shape[:-1], -math.inf, dtype=work)
+        ell, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for ks in range(0, min(t, qs + qi.size(-2)) if causal else t, bk):
+            kj, vj = k[..., ks : ks + bk, :].to(work), v[..., ks : ks + bk, :].to(work)
+            s = (qi @ kj.transpose(-2, -1)) * (scale if twice else 1.0)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ks + kj.size(-2))[None, :] > rows, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1)) if running_max else s.amax(-1)
+            p, r = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            ell, acc, m = ell * r + p.sum(-1), acc * r[..., None] + p @ vj, m_new
+        outs.append((acc / ell[..., None]).to(q.dtype))
+        lses.append((m + torch.log(ell)).to(torch.promote_types(q.dtype, torch.float32)))
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+def fused_cpu_flash_op(q, k, v, causal=False, block=16):
+    """No tile loop: aten's fused CPU flash attention through torch.ops, inputs in float32 or float64."""
+    work = torch.promote_types(q.dtype, torch.float32)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.to(work), k.to(work), v.to(work), 0.0, causal)[:2]  # fmt: skip
+    return out.to(q.dtype), lse
+
+
+def math_sdpa_per_tile(q, k, v, causal=False, block=16):
+    """aten's math SDPA through torch.ops on each (query tile, key tile), merged by each tile's lse."""
+    t, work, scale = q.size(-2), torch.promote_types(q.dtype, torch.float32), q.size(-1) ** -0.5
+    outs, lses = [], []
+    for qs in range(0, t, block):
+        qi = q[..., qs : qs + block, :].to(work)
+        rows = torch.arange(qs, qs + qi.size(-2))[:, None]
+        lse, out = torch.full(qi.shape[:-1], -math.inf, dtype=work), torch.zeros(qi.shape, dtype=work)  # fmt: skip
+        for ks in range(0, min(t, qs + qi.size(-2)) if causal else t, block):
+            kj, vj = k[..., ks : ks + block, :].to(work), v[..., ks : ks + block, :].to(work)
+            hidden = torch.arange(ks, ks + kj.size(-2))[None, :] > rows if causal else torch.zeros(1, 1, dtype=torch.bool)  # fmt: skip
+            mask = torch.zeros(hidden.shape, dtype=work).masked_fill(hidden, -math.inf)
+            o_t = torch.ops.aten._scaled_dot_product_attention_math(qi, kj, vj, attn_mask=mask)[0]
+            lse_t = torch.logsumexp((qi @ kj.transpose(-2, -1) * scale).masked_fill(hidden, -math.inf), -1)  # fmt: skip
+            new = torch.logaddexp(lse, lse_t)
+            out = out * torch.exp(lse - new)[..., None] + o_t * torch.exp(lse_t - new)[..., None]
+            lse = new
+        outs.append(out.to(q.dtype))
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+def scores_without_a_product(q, k, v, causal=False, block=16):
+    """The right tile loop, its scores a broadcast product summed: no q tile @ k tile^T at all."""
+    t, work = q.size(-2), torch.promote_types(q.dtype, torch.float32)
+    outs, lses = [], []
+    for qs in range(0, t, block):
+        qi = q[..., qs : qs + block, :].to(work) / math.sqrt(q.size(-1))
+        rows = torch.arange(qs, qs + qi.size(-2))[:, None]
+        m = torch.full(qi.shape[:-1], -math.inf, dtype=work)
+        ell, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for ks in range(0, min(t, qs + block) if causal else t, block):
+            kj, vj = k[..., ks : ks + block, :].to(work), v[..., ks : ks + block, :].to(work)
+            s = (qi[..., :, None, :] * kj[..., None, :, :]).sum(-1)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ks + kj.size(-2))[None, :] > rows, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            p, r = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            ell, acc, m = ell * r + p.sum(-1), acc * r[..., None] + (p[..., None] * vj[..., None, :, :]).sum(-2), m_new  # fmt: skip
+        outs.append((acc / ell[..., None]).to(q.dtype))
+        lses.append(m + torch.log(ell))
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+def graded(**knobs):  # noqa: ANN003, ANN201
+    return lambda q, k, v, causal=False, block=16: tiled_graded(q, k, v, causal, block, **knobs)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hints"),
+    [
+        (fused_cpu_flash_op, ("_scaled_dot_product_flash_attention_for_cpu", "or SDPA")),
+        (math_sdpa_per_tile, ("torch ran aten's", "or SDPA", "not even on one tile")),
+        (scores_without_a_product, ("no product of a query tile and a key tile",)),
+        (graded(bq=8, bk=8), ("tiles of 8 x 8 scores, but block=16", "the `block` argument")),
+        (graded(bk=32), ("tile the keys by block", "key tiles of 32 with block=16")),
+        (graded(bk=8), ("tile the keys by block, as the exercise asks", "key tiles of 8 with")),
+        (graded(work=torch.float32), ("float64 inputs need float64 tiles",)),
+        (graded(running_max=False), ("ignores the running max", "m_new = max(m, rowmax(s))")),
+        (graded(twice=True), ("scaled twice",)),
+    ],
+    ids=lambda x: getattr(x, "__name__", "")[:20] if callable(x) else "",
+)
+def test_the_graders_tiled_forwards_fail_with_their_hint(wrong, hints: tuple[str, ...]) -> None:
+    """The first two were accepted before (the fused op) or refused as 'Stop each query tile's
+    loop' (SDPA per tile); key tiles of block // 2 (the exercise asks for tiles of block) and the
+    rest got a hint about another mistake: untiled keys, 16-bit rounding, exp(s) without a max."""
+    result = check_tiled_attention(wrong)
+    assert fails(result, *hints), result.message
+
+
+#: The grader's Triton backwards: the solution with one change each (/tmp/grader/make_ex5.py)
+DK_WITHOUT_SCALE = [("tl.store(dk_ptr + kv, dk * scale,", "tl.store(dk_ptr + kv, dk,")]
+GRID_WITHOUT_HEADS = [
+    ("dq, dk, dv = torch.empty_like(q)", "dq, dk, dv = torch.zeros_like(q)"),
+    ("grid = (triton.cdiv(t, block), b * h)", "grid = (triton.cdiv(t, block), 1)"),
+]
+RACE_ON_SCRATCH = [
+    *DQ_FROM_EVERY_KEY_TILE[:2],
+    (
+        "    @triton.jit\n    def dq_kernel",
+        "    @triton.jit\n    def copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):\n"
+        "        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)\n\n"
+        "    @triton.jit\n    def dq_kernel",
+    ),
+    (
+        DQ_FROM_EVERY_KEY_TILE[3][0],
+        "dq_accum = torch.zeros_like(q)\n"
+        "    dk_dv_kernel[grid](q, k, v, dout, lse, delta, dk, dv, dq_accum, *args, **meta)\n"
+        "    copy_kernel[(triton.cdiv(q.numel(), 256),)](dq_accum, dq, q.numel(), BLOCK=256)",
+    ),
+]
+
+
+@pytest.mark.skipif(
+    not RUNS or torch.cuda.is_available(), reason="the store watch needs Triton's interpreter"
+)
+def test_a_race_on_a_scratch_buffer_copied_into_dq_fails() -> None:
+    """Accepted before: the race was looked for only in the tensors returned."""
+    result = check_triton_backward(solution_variant("scratch", RACE_ON_SCRATCH))
+    assert fails(result, "elements of a buffer you do not return", "tl.atomic_add"), result.message
+
+
+@pytest.mark.skipif(not RUNS, reason="Triton cannot run here (not installed, or no interpreter)")
+@pytest.mark.parametrize(
+    ("replacements", "hints"),
+    [
+        (DK_WITHOUT_SCALE, ("dk is off", "sqrt(head_dim) = 4", "scale is missing on dk")),
+        (GRID_WITHOUT_HEADS, ("dq is off", "only (batch, head) (0, 1) of (1, 2)", "grid")),
+    ],
+    ids=["dk without 1/sqrt(d)", "grid without heads"],
+)
+def test_the_graders_triton_backwards_get_the_hint_of_their_mistake(replacements, hints) -> None:  # noqa: ANN001
+    """Before: 'as when every P is off by one' (the factor 4 is sqrt(16)) and the generic dQ formula."""
+    result = check_triton_backward(solution_variant("graded", replacements))
+    assert fails(result, *hints), result.message
+
+
+def test_a_merge_returning_the_safe_max_as_m_is_told_to_keep_minus_inf() -> None:
+    """Before: 'm differ from the merged state: m = max(m_a, m_b)', no word of the empty rows."""
+
+    def returns_the_safe_max(a, b):
+        (ma, la, acca), (mb, lb, accb) = a, b
+        m = torch.maximum(ma, mb)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        sa, sb = torch.exp(ma - m), torch.exp(mb - m)
+        return m, la * sa + lb * sb, acca * sa[..., None] + accb * sb[..., None]
+
+    result = check_merge_states(returns_the_safe_max)
+    assert fails(result, "must keep m = -inf", "only inside the factors"), result.message
