@@ -10,10 +10,14 @@ library only, nothing that draws. A *span* is ``(start, end)`` in seconds on one
 - ``trace_spans(trace, names)``: spans read back from a Chrome/Perfetto trace file;
 - ``plan_buckets`` and ``shard_bounds``: how gradients are grouped and the flat parameter
   vector is cut among ranks;
+- ``ring_wire_bytes``, ``fit_alpha_beta``, ``bucket_wait``, ``sweep_caps``: bytes a rank puts
+  on the wire, the alpha-beta cost of an all-reduce, the wait it predicts after backward for a
+  bucket size, and the bucket sizes to sweep;
 - ``collective(name)``: the one-tensor collective under the name the installed torch
   recommends (torch 2.13 renamed two of them and deprecated the old names);
 - ``labelled(name, device)``: one range that the PyTorch profiler records and, on CUDA, Nsight
-  Systems too (NVTX); ``nsys_command`` prints the command that records it.
+  Systems too (NVTX); ``capture_range`` the stretch nsys records (cudaProfilerStart/Stop);
+  ``nsys_command`` prints the command that records it.
 """
 
 from __future__ import annotations
@@ -134,6 +138,70 @@ def plan_buckets(sizes: Sequence[int], cap_bytes: int) -> list[list[int]]:
     return [b for b in buckets if b]
 
 
+def ring_wire_bytes(nbytes: int, world: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of an `nbytes` buffer: 2(W-1)/W of it (chapter 8).
+
+    Reduce-scatter then all-gather, W - 1 steps each, a 1/W piece per step; no all-reduce in
+    which the ranks do the additions themselves sends less per rank (NCCL's tree sends about as
+    much at large W). Switches that add in the network (NCCL's NVLS on NVSwitch, SHARP on
+    InfiniBand) need only about the buffer once from each rank.
+    """
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world must be a whole number >= 1, got {world!r}.")
+    return 2 * (world - 1) / world * nbytes
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
+    """alpha (s per call) and beta (s per byte) of t(n) = alpha + n beta, least relative squares (chapter 8).
+
+    Each point is weighted by 1/t^2, so a 4 KiB call counts as much as a 256 MiB one: an
+    ordinary fit would give alpha from the largest sizes' noise. Also returns the largest
+    relative gap between a measured time and the line.
+    """
+    if len(nbytes) != len(seconds) or len(set(nbytes)) < 2:
+        raise ValueError("The fit needs times measured at two or more different sizes.")
+    if min(seconds) <= 0:
+        raise ValueError(f"Times must be positive, got {min(seconds)}.")
+    w = [1 / t**2 for t in seconds]
+    sw = sum(w)
+    sn = sum(wi * n for wi, n in zip(w, nbytes))
+    snn = sum(wi * n * n for wi, n in zip(w, nbytes))
+    st = sum(wi * t for wi, t in zip(w, seconds))
+    snt = sum(wi * n * t for wi, n, t in zip(w, nbytes, seconds))
+    det = sw * snn - sn * sn
+    beta = (sw * snt - sn * st) / det
+    alpha = (st - beta * sn) / sw
+    worst = max(abs(alpha + beta * n - t) / t for n, t in zip(nbytes, seconds))
+    return {"alpha s": alpha, "beta s/B": beta, "worst gap": worst}
+
+
+def bucket_wait(
+    sizes: Sequence[int], cap_bytes: int, alpha: float, beta: float, backward_s: float
+) -> float:
+    """Seconds the alpha-beta model says a step waits after backward, with buckets of `cap_bytes` (chapter 8).
+
+    `sizes` are the gradients' bytes in the order backward produces them, produced at an even
+    rate of bytes per second over `backward_s`; a bucket's all-reduce starts once it is full
+    and the previous one is done (launched in order, one at a time) and takes alpha + n beta.
+    Communication is assumed not to slow backward down: on a GPU it shares the SMs, on a CPU
+    the cores, so the measured sweep is the judge.
+    """
+    total = sum(sizes)
+    per_byte = backward_s / total if total else 0.0
+    ready = done = 0.0
+    for bucket in plan_buckets(sizes, cap_bytes):
+        n = sum(sizes[i] for i in bucket)
+        ready += n * per_byte
+        done = max(done, ready) + alpha + n * beta
+    return max(done - backward_s, 0.0)
+
+
+def sweep_caps(sizes: Sequence[int], multiples: Sequence[int] = (1, 2, 3, 4)) -> list[int]:
+    """Bucket caps to sweep: multiples of the largest gradient, and one bucket for all (chapter 8)."""
+    largest, total = max(sizes), sum(sizes)
+    return sorted({min(k * largest, total) for k in multiples} | {total})
+
+
 #: The one-tensor collectives torch 2.13 renamed, each new name with the old one (torch 2.5-2.12),
 #: which 2.13 keeps as a deprecated alias (a FutureWarning at every call); same arguments.
 RENAMED_COLLECTIVES = {
@@ -160,10 +228,28 @@ def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int, int]:
     return rank * size, (rank + 1) * size, size
 
 
+def nvtx_wanted(device: str | torch.device) -> bool:
+    """Whether ranges on `device` also go to NVTX and the CUDA profiler API: on CUDA only (chapter 8)."""
+    return torch.device(device).type == "cuda"
+
+
+@contextlib.contextmanager
+def capture_range(device: str | torch.device) -> Iterator[None]:
+    """What `nsys profile --capture-range=cudaProfilerApi` records: cudaProfilerStart to Stop (chapter 8)."""
+    on = nvtx_wanted(device)
+    if on:
+        torch.cuda.profiler.start()
+    try:
+        yield
+    finally:
+        if on:
+            torch.cuda.profiler.stop()
+
+
 @contextlib.contextmanager
 def labelled(name: str, device: str | torch.device) -> Iterator[None]:
     """A range the PyTorch profiler records, and on CUDA also an NVTX range for Nsight Systems (chapter 8)."""
-    nvtx = torch.device(device).type == "cuda"
+    nvtx = nvtx_wanted(device)
     with record_function(name):
         if nvtx:
             torch.cuda.nvtx.range_push(name)
@@ -177,7 +263,12 @@ def labelled(name: str, device: str | torch.device) -> Iterator[None]:
 def nsys_command(
     script: str, nproc: int, args: Sequence[object] = (), output: str = "ch08_overlap"
 ) -> str:
-    """The Nsight Systems command that records CUDA kernels and NVTX ranges of a torchrun job (chapter 8)."""
-    words = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "-o", output, "--force-overwrite", "true"]
+    """The Nsight Systems command that records CUDA kernels and NVTX ranges of a torchrun job (chapter 8).
+
+    Only between cudaProfilerStart and Stop (``capture_range``: the script's labelled steps,
+    warm-up left out), and with torch.profiler off in that run: two CUPTI clients clash.
+    """
+    words = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi"]
+    words += ["--capture-range-end=stop", "-o", output, "--force-overwrite", "true"]
     words += ["torchrun", "--standalone", f"--nproc-per-node={nproc}", script]
     return shlex.join([*words, *(str(a) for a in args)])

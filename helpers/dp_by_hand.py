@@ -9,6 +9,7 @@ notebook with ``helpers.launch.script_source``.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,15 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from helpers.comm_overlap import hidden_communication, trace_spans
+from helpers.comm_overlap import (
+    bucket_wait,
+    fit_alpha_beta,
+    hidden_communication,
+    plan_buckets,
+    ring_wire_bytes,
+    trace_spans,
+)
+from helpers.units import MiB, format_bytes
 
 #: How each way appears in the tables, in the order the chapter introduces them.
 WAY_NAMES = {
@@ -44,24 +53,197 @@ def _median(steps: list[dict[str, Any]], key: str) -> float:
     return statistics.median(s[key] for s in steps)
 
 
+def backward_ms(result: dict[str, Any], way: str) -> float:
+    """Median milliseconds from backward's start to its last gradient, over the instrumented steps (chapter 8)."""
+    return 1e3 * _median(result["ways"][way]["instrumented"], "backward s")
+
+
 def timing_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per way: step time, what it sends, and how much of its communication backward hid (chapter 8)."""
+    """Per way: step time, its saving against (b), backward's stretch, calls, bytes handed and on the wire (chapter 8).
+
+    (b), one flat all-reduce after backward, is the base: the same bytes in one call, nothing
+    in flight while backward runs. "saving" is (b)'s step time minus the way's; "stretch" is
+    how much longer the way's backward took than (b)'s, the price of sharing the cores (CPU)
+    or the SMs and memory bandwidth (GPU) with communication.
+    """
+    world, flat = result["world_size"], result["ways"]["flat"]
     rows = []
     for way, data in result["ways"].items():
-        steps = data["instrumented"]
         rows.append(
             {
                 "way": WAY_NAMES[way],
                 "step ms": data["step median s"] * 1e3,
                 "IQR ms": data["step IQR s"] * 1e3,
+                "saving vs (b) ms": (flat["step median s"] - data["step median s"]) * 1e3,
+                "backward ms": backward_ms(result, way),
+                "stretch ms": backward_ms(result, way) - backward_ms(result, "flat"),
                 "all-reduce calls": data["calls per step"],
-                "MB sent": data["bytes per step"] / 2**20,
-                "in flight ms": _median(steps, "in flight s") * 1e3,
-                "exposed ms": _median(steps, "exposed s") * 1e3,
-                "hidden %": 100 * _median(steps, "hidden share"),
+                "to all-reduce MiB": data["bytes per step"] / MiB,
+                "on the wire MiB/rank": ring_wire_bytes(data["bytes per step"], world) / MiB,
             }
         )
     return rows
+
+
+def allreduce_fit(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The all-reduce times measured at several sizes, the alpha-beta line through them, and the fit (chapter 8)."""
+    points = result["allreduce"]
+    fit = fit_alpha_beta([p["bytes"] for p in points], [p["step median s"] for p in points])
+    # the line describes the machine if it passes within every size's own spread (IQR of its
+    # repeats) of the measured median, with a fixed cost and a cost per byte both >= 0
+    misses = [
+        (
+            p["bytes"],
+            abs(fit["alpha s"] + p["bytes"] * fit["beta s/B"] - p["step median s"]),
+            p["step IQR s"],
+        )  # fmt: skip
+        for p in points
+        if abs(fit["alpha s"] + p["bytes"] * fit["beta s/B"] - p["step median s"])
+        > p["step IQR s"]  # fmt: skip
+    ]
+    fit["outside the spread"] = misses
+    # repeats that spread as wide as their median test no line: scheduling noise, not the links
+    fit["too spread"] = [p["bytes"] for p in points if p["step IQR s"] >= p["step median s"]]
+    fit["fits"] = (
+        fit["alpha s"] >= 0 and fit["beta s/B"] > 0 and not misses and not fit["too spread"]
+    )
+    rows = [
+        {
+            "buffer": format_bytes(p["bytes"]),
+            "median ms": p["step median s"] * 1e3,
+            "IQR ms": p["step IQR s"] * 1e3,
+            "alpha + n beta ms": (fit["alpha s"] + p["bytes"] * fit["beta s/B"]) * 1e3,
+            "on the wire/rank": format_bytes(ring_wire_bytes(p["bytes"], result["world_size"])),
+        }
+        for p in points
+    ]
+    return rows, fit
+
+
+def fit_line(fit: dict[str, Any], world: int) -> str:
+    """The fit in words: alpha in µs, 1/beta as bandwidth, and whether the line describes the times (chapter 8)."""
+    alpha, beta = fit["alpha s"], fit["beta s/B"]
+    said = f"alpha = {alpha * 1e6:.1f} µs per call, beta = {beta * 1e9:.3f} ns per byte"
+    if beta > 0:
+        wire = ring_wire_bytes(1, world) / beta / 1e9
+        said += (
+            f" (1/beta = {1e-9 / beta:.2f} GB/s of buffer, {wire:.2f} GB/s on the wire per rank)"
+        )
+    said += f"; largest gap between a measured time and the line: {fit['worst gap']:.0%}"
+    misses, spread = fit.get("outside the spread", []), fit.get("too spread", [])
+    if fit.get("fits"):
+        return f"{said}; the line passes within every size's spread (IQR): the model describes this machine"
+    if misses:
+        n, gap, iqr = max(misses, key=lambda m: m[1] - m[2])
+        why = (
+            f"the line misses {len(misses)} of the sizes by more than their repeats' spread "
+            f"(worst {format_bytes(n)}: {gap * 1e3:.3g} ms off, IQR {iqr * 1e3:.3g} ms)"
+        )
+    elif spread:
+        sizes = ", ".join(format_bytes(n) for n in spread)
+        why = (
+            f"the repeats at {sizes} spread (IQR) as wide as their median: too noisy to test a line"
+        )
+    else:
+        why = "a negative cost is no cost: the times do not grow with the size here"
+    return f"{said}; {why}: t = alpha + n beta does not describe this machine today, no prediction"
+
+
+def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] | None:
+    """The bucket size the alpha-beta model derives for G gradient bytes produced over backward time B; None if it does not fit (chapter 8).
+
+    Communication keeps up with backward when beta G < B: the smallest bucket that does,
+    s = G alpha / (B - beta G), leaves only the last bucket's alpha + s beta exposed. Otherwise
+    communication is the bottleneck, and s* = sqrt(G alpha / beta) balances the calls' alpha
+    (G / s of them) against the last bucket's s beta.
+    """
+    if not fit.get("fits"):
+        return None
+    sizes, alpha, beta = result["backward order bytes"], fit["alpha s"], fit["beta s/B"]
+    g, b = sum(sizes), backward_ms(result, "flat") / 1e3
+    if beta * g < b:
+        size, rule = g * alpha / (b - beta * g), "s = G alpha / (B - beta G)"
+    else:
+        size, rule = math.sqrt(g * alpha / beta), "s* = sqrt(G alpha / beta)"
+    cap = min(max(1, math.ceil(size)), g)
+    return {
+        "bytes": size,
+        "cap bytes": cap,
+        "buckets": len(plan_buckets(sizes, cap)),
+        "rule": rule,
+        "G bytes": g,
+        "B s": b,
+        "wait s": bucket_wait(sizes, cap, alpha, beta, b),
+    }
+
+
+def bucket_rows(result: dict[str, Any], fit: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bucket-size sweep: each cap's buckets, step time, measured wait after backward, and the model's (chapter 8).
+
+    The model's backward is (b)'s, which has nothing in flight while backward runs; no model
+    column where the line does not describe the measured times.
+    """
+    sizes, backward = result["backward order bytes"], backward_ms(result, "flat") / 1e3
+    rows = []
+    for r in result["bucket sweep"]:
+        row = {
+            "cap MiB": r["cap bytes"] / MiB,
+            "buckets": r["buckets"],
+            "step ms": r["step median s"] * 1e3,
+            "IQR ms": r["step IQR s"] * 1e3,
+            "measured wait ms": r["wait median s"] * 1e3,
+        }
+        if fit.get("fits"):
+            wait = bucket_wait(sizes, r["cap bytes"], fit["alpha s"], fit["beta s/B"], backward)
+            row["model wait ms"] = wait * 1e3
+        rows.append(row)
+    return rows
+
+
+def predicted_vs_best(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> str:
+    """The bucket the model derives against the cap measured fastest, and whether they differ beyond the spreads (chapter 8)."""
+    best = min(rows, key=lambda r: r["step ms"])
+    measured = f"best measured: cap {best['cap MiB']:.2f} MiB ({best['buckets']} bucket(s), {best['step ms']:.2f} ms/step)"  # fmt: skip
+    if model is None:
+        return f"{measured}; no model to compare"
+    mib = model["cap bytes"] / MiB
+    said = (
+        f"model: {model['rule']} = {model['bytes'] / MiB:.3g} MiB (G = {model['G bytes'] / MiB:.3g} MiB, "
+        f"B = {model['B s'] * 1e3:.3g} ms): {model['buckets']} bucket(s), a predicted wait of "
+        f"{model['wait s'] * 1e3:.3g} ms; {measured}"
+    )
+    near = min(rows, key=lambda r: abs(math.log(r["cap MiB"] / mib)))
+    if near is best:
+        return f"{said}: the swept cap nearest the model's is the best"
+    gap, noise = near["step ms"] - best["step ms"], near["IQR ms"] + best["IQR ms"]
+    verdict = "within the spreads" if gap <= noise else "beyond the spreads"
+    tail = ": too close to call" if gap <= noise else ""
+    return f"{said}; the swept cap nearest the model's ({near['cap MiB']:.2f} MiB) is {gap:.2f} ms slower, {verdict} ({noise:.2f} ms){tail}"  # fmt: skip
+
+
+def ddp_bucket_line(result: dict[str, Any]) -> str:
+    """DDP's buckets (MiB) in its first step and in a later one, after it rebuilt them (chapter 8)."""
+    ddp = result["ways"]["ddp"]
+
+    def mib(sizes: list[int]) -> str:
+        return "[" + ", ".join(f"{n / MiB:.2f}" for n in sizes) + "] MiB"
+
+    line = (
+        f"DDP's all-reduces, first step: {mib(ddp['first step sizes'])}; "
+        f"after the rebuild: {mib(ddp['instrumented'][-1]['sizes'])}"
+    )
+    if "ddp default cap sizes" in result:
+        line += f"; at the default cap (bucket_cap_mb=None), after the rebuild: {mib(result['ddp default cap sizes'])}"  # fmt: skip
+    return line
+
+
+def peak_parts(at_peak: dict[str, Any] | None, peak: int) -> str:
+    """What the meter saw alive at a step's peak: bytes from before the step, then each newer storage with the op that made it (chapter 8)."""
+    if at_peak is None:
+        return f"{peak:,} B (the CUDA allocator's peak: no breakdown by tensor)"
+    made = ", ".join(f"{n:,} ({op.removeprefix('aten.')})" for op, n in at_peak["made in the step"])
+    where = at_peak["op"].removeprefix("aten.") or "an in-place resize"
+    return f"{peak:,} B, reached in {where} = {at_peak['from before']:,} from before the step + {made or 'nothing'}"
 
 
 def plot_overlap(result: dict[str, Any], ways: tuple[str, ...] = tuple(WAY_NAMES)) -> Figure:
@@ -81,7 +263,9 @@ def plot_overlap(result: dict[str, Any], ways: tuple[str, ...] = tuple(WAY_NAMES
             plt.Rectangle((0, 0), 1, 1, color="tab:orange", alpha=0.6),
         ],
         labels=["backward computing gradients", "all-reduce in flight"],
-        loc="lower right",
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 * 5 / (len(ways) + 1)),  # below the axes, clear of the bars
+        ncol=2,
     )
     ax.set_title(f"One step, {result['world_size']} rank(s) on {result['device']}")
     fig.tight_layout()
@@ -114,5 +298,8 @@ def trace_overlap(path: str | Path) -> dict[str, Any]:
     return {
         "ranges": {name: len(spans[name]) for name in labels},
         "all-reduce spans": len(comm),
+        # backward as the timeline shows it: its range on a CPU, its kernels' extent on a GPU
+        "backward s": max((e for _, e in compute), default=0.0)
+        - min((s for s, _ in compute), default=0.0),
         **hidden_communication(comm, compute),
     }

@@ -67,14 +67,16 @@ def test_the_steps_warn_nothing_with_warnings_as_errors(one_rank_group: None) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
-        net, meter = fbh.by_hand(make_mlp((16, 24, 1), seed=0))
+        net = fbh.by_hand(make_mlp((16, 24, 1), seed=0))
         net(x).sum().backward()  # forward and backward all-gather, backward reduce-scatters
         model = make_mlp((16, 24, 1), seed=0)
         zero1 = zbh.Zero1Adam(list(model.parameters()), lr=1e-2)
         model(x).sum().backward()
-        zero1.step()  # Adam on this rank's piece, then the all-gather
+        zero1.step()  # reduce-scatter, Adam on this rank's piece, then the all-gather
     sharded = [m for m in net if isinstance(m, fbh.ShardedLinear)]
-    assert all(m.reduce == "reduce_scatter" for m in sharded)  # gloo has it: no fallback
+    for m in sharded:  # gathered in forward and again in backward, reduce-scattered once
+        padded = 4 * m.world * m.size
+        assert m.handed == {"all_gather": 2 * padded, "reduce_scatter": padded}
     assert all(m.shard.grad is not None for m in sharded)
-    assert meter.now == sum(fbh.nbytes(m.shard) for m in sharded)  # every full weight let go
-    assert zero1.gathered == 4 * sum(p.numel() for p in model.parameters())
+    flat = 4 * sum(p.numel() for p in model.parameters())
+    assert zero1.handed == {"reduce_scatter": flat, "all_gather": flat}

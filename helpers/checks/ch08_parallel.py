@@ -8,8 +8,9 @@ few seconds). Every collective the function calls is recorded (its name, whether
 and waited for, whether it ran inside backward and on which tensor, p.grad itself or a copy),
 so that a right value reached the wrong way, or a wrong value, each gets its own hint. An
 untouched stub is recognised without launching anything. Values are compared with bounds
-from their cause: the gradients with an fp32 all-reduce's rounding of the ranks' own
-gradients, the ZeRO-1 parameters with full Adam's exactly (Adam is elementwise).
+from their cause: the gradients (exercise 3's, and the averaged piece ZeRO-1's reduce-scatter
+gives each rank) with an fp32 all-reduce's rounding of the ranks' own gradients, the ZeRO-1
+parameters with full Adam's on those same averaged gradients exactly (Adam is elementwise).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from helpers.checks import (
     torchrun_environment,
 )
 from helpers.checks.ch04 import is_stub, launched_ranks, payload
-from helpers.comm_overlap import allreduce_rounding_bound
+from helpers.comm_overlap import RENAMED_COLLECTIVES, allreduce_rounding_bound, shard_bounds
 from helpers.i18n import tr, tr_mark
 from helpers.launch import (
     _LOST_PEER,
@@ -49,8 +50,10 @@ from helpers.launch import (
     new_run_dir,
     read_results,
 )
+from helpers.models import make_mlp
 from helpers.scripts import ch08_exercise_check as task
 from helpers.scripts.common import Context, teardown
+from helpers.sharding import wire_bytes
 
 #: Seconds before a collective in the one-rank group gives up.
 ONE_RANK_TIMEOUT_S = 5
@@ -223,8 +226,9 @@ _AFTER_BACKWARD = tr_mark(
 )
 _NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
-    "work the hooks started, before dividing; without it the gradient may still be in flight "
-    "when the optimizer reads it."
+    "work the hooks started (or wait on its future: fut.wait(), torch.futures.wait_all), before "
+    "dividing; a division chained with .then() alone waits for nothing. Without a wait the "
+    "gradient may still be in flight when the optimizer reads it."
 )
 
 
@@ -364,19 +368,50 @@ def check_overlap_hooks(overlap_hooks: Callable[[nn.Module], Callable[[], None]]
     return run_check(tr("Exercise 3, all-reduce overlapped with backward"), probes)
 
 
+def _naive_wire(step: dict, world: int) -> tuple[int, float, float]:
+    """(ranks, bytes on the wire per rank per step) of all-reduce + all-gather and of ZeRO-1's two (chapter 8).
+
+    In a ring each rank sends (W - 1) / W of the flat buffer for a reduce-scatter or an
+    all-gather, twice that for an all-reduce: 3 and 2 of those shares. At one rank nothing
+    travels, so the figures are those of 2 ranks.
+    """
+    w = max(world, 2)
+    padded = w * shard_bounds(step["before"].numel(), w, 0)[2]
+    nbytes = padded * step["after"].element_size()
+    gather = wire_bytes("all_gather", nbytes, w)
+    return w, wire_bytes("all_reduce", nbytes, w) + gather, wire_bytes("reduce_scatter", nbytes, w) + gather  # fmt: skip
+
+
 def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
-    """The collectives of one ZeRO-1 step: no all-reduce, an all-gather after the step (chapter 8)."""
+    """The collectives of one ZeRO-1 step: a reduce-scatter, the step, an all-gather; no all-reduce (chapter 8)."""
     ops = [c["op"] for c in step["calls"]]
+    w, naive, zero1 = _naive_wire(step, world)
     expect(
         "all_reduce" not in ops,
         at
         + tr(
-            "you all-reduced: the gradients arrive averaged already (DDP did it), and the "
-            "exercise allows no all-reduce. A ZeRO-1 step only steps this rank's piece and "
-            "all-gathers the pieces."
-        ),
+            "you all-reduced the gradients and kept this rank's piece: every rank received the "
+            "whole sum and threw most of it away. A rank needs only its own piece of the sum, "
+            "which one reduce-scatter of the flat padded gradient delivers. Each rank sends "
+            "(W - 1)/W of the flat vector for a reduce-scatter or an all-gather and twice that "
+            "for an all-reduce: with the all-gather your step puts 3 such shares on the wire "
+            "(on {w} ranks, {naive:,.0f} bytes per rank per step), ZeRO-1 puts 2 ({zero1:,.0f} "
+            "bytes), exactly what DDP's all-reduce alone does."
+        ).format(w=w, naive=naive, zero1=zero1),
     )
     expect("step" in ops, at + tr("optimizer.step() was never called: it updates your shard."))
+    scatters = [i for i, op in enumerate(ops) if op.startswith("reduce_scatter")]
+    expect(
+        scatters and scatters[0] < ops.index("step"),
+        at
+        + tr(
+            "no reduce-scatter before optimizer.step(): the gradients in p.grad are this "
+            "rank's own, not yet averaged over the ranks. Flatten them, pad with zeros to "
+            "world x shard.numel(), reduce-scatter into a tensor like the shard "
+            "(dist.{rs}(piece, flat_grad)): rank r receives the sum of every rank's piece r. "
+            "Divide it by the world size and make it shard.grad."
+        ).format(rs=_recommended("reduce_scatter_single")),
+    )
     gathers = [i for i, op in enumerate(ops) if op.startswith("all_gather")]
     if world > 1:
         expect(
@@ -384,8 +419,9 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
             at
             + tr(
                 "no all-gather: the other ranks' updated pieces never reached this rank. "
-                "dist.all_gather(pieces, shard) after optimizer.step(), then write them back."
-            ),
+                "After optimizer.step(), dist.{ag}(flat, shard) collects every rank's piece in "
+                "rank order; write it back into the parameters."
+            ).format(ag=_recommended("all_gather_single")),
         )
     expect(
         not gathers or gathers[-1] > ops.index("step"),
@@ -397,7 +433,76 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
     )
 
 
-def _expect_zero1_values(step: dict, at: str) -> None:
+def _recommended(name: str) -> str:
+    """The name the installed torch gives a flat collective: the new one, else the old (chapter 8)."""
+    return name if hasattr(dist, name) else RENAMED_COLLECTIVES[name]
+
+
+def _expect_zero1_grad(results: list[dict], dtype: str, i: int, rank: int, at: str) -> None:
+    """The shard's gradient at optimizer.step(): this rank's piece of the mean of every rank's own (chapter 8)."""
+    world, step = len(results), results[rank][dtype][i]
+    got, (start, stop) = step["shard grad"], step["shard"]
+    expect(
+        got is not None,
+        at
+        + tr(
+            "shard.grad was None when optimizer.step() ran, so the shard did not change: set "
+            "shard.grad to this rank's averaged piece of the gradient before the step."
+        ),
+    )
+    expect(
+        got.shape == (stop - start,),
+        at
+        + tr(
+            "shard.grad has shape {got}, the shard {want}: it must be this rank's piece of the "
+            "flat padded gradient, the tensor the reduce-scatter filled."
+        ).format(got=tuple(got.shape), want=(stop - start,)),
+    )
+    local = [r[dtype][i]["local grad"].double()[start:stop] for r in results]
+    ref = ([sum(local) / world], allreduce_rounding_bound([sum(g.abs() for g in local)], world))
+    if world > 1 and not _close([got], ref):
+        expect(
+            not _close([got], ref, world),
+            at
+            + tr(
+                "shard.grad is {world}x the mean: a reduce-scatter sums every rank's piece. "
+                "Divide it by dist.get_world_size() before optimizer.step()."
+            ).format(world=world),
+        )
+    expect(
+        _close([got], ref),
+        at
+        + tr(
+            "shard.grad differs from the mean over the ranks of elements {first}..{last} of "
+            "their flat gradients by more than fp32 rounding: flatten every p.grad in the order "
+            "of params, pad with zeros to world x shard.numel(), reduce-scatter it and divide by "
+            "the world size."
+        ).format(first=start, last=stop - 1),
+    )
+
+
+def zero1_reference(results: list[dict], dtype: str) -> list[torch.Tensor]:
+    """Full Adam's parameters after each step, given the averaged gradients the ranks stepped (chapter 8).
+
+    The gradient of each step is every rank's shard gradient in rank order, the padding
+    dropped: what the ranks' all-gather must put together. Adam is elementwise and both run
+    its same per-tensor code (foreach=False), so the learner's parameters must equal these
+    to the bit.
+    """
+    replica = make_mlp(task.SIZES, seed=3).to(getattr(torch, dtype))
+    full = torch.optim.Adam(replica.parameters(), lr=task.LR, foreach=False)
+    sizes = [p.numel() for p in replica.parameters()]
+    wants = []
+    for i in range(len(results[0][dtype])):
+        flat = torch.cat([r[dtype][i]["shard grad"] for r in results])[: sum(sizes)]
+        for p, g in zip(replica.parameters(), flat.split(sizes)):
+            p.grad = g.view_as(p).to(p.dtype)
+        full.step()
+        wants.append(torch.cat([p.detach().reshape(-1) for p in replica.parameters()]))
+    return wants
+
+
+def _expect_zero1_values(step: dict, want: torch.Tensor, at: str) -> None:
     """One ZeRO-1 step's parameters against full Adam's on the same gradients: equal to the bit (chapter 8).
 
     Adam is elementwise and both optimizers run its same per-tensor code (foreach=False) on the
@@ -405,7 +510,7 @@ def _expect_zero1_values(step: dict, at: str) -> None:
     each element's update is the same sequence of roundings, wherever it sits in its tensor
     (the chapter asserts the same equality for its own Zero1Adam).
     """
-    before, after, want = step["before"], step["after"], step["want"]
+    before, after = step["before"], step["after"]
     expect(
         not step["replaced"],
         at
@@ -416,24 +521,23 @@ def _expect_zero1_values(step: dict, at: str) -> None:
             "DDP's buckets, the optimizer) sees them."
         ).format(n=len(step["replaced"])),
     )
-    most = 2 * step["shard numel"]  # Adam's two moments of this rank's piece
+    most = 2 * step["shard bytes"]  # Adam's two moments of this rank's piece
     expect(
-        step["state numel"] <= most,
+        step["state bytes"] <= most,
         at
         + tr(
-            "the optimizers you stepped hold {numel} elements of state, but ZeRO-1 keeps only "
-            "this rank's piece: Adam's two moments of the shard, {most} elements. Step only the "
+            "the optimizers you stepped hold {got:,} bytes of state, but ZeRO-1 keeps only "
+            "this rank's piece: Adam's two moments of the shard, {most:,} bytes. Step only the "
             "optimizer you were given, over the shard: adding the parameters to it, or stepping "
             "a full Adam of your own, keeps the whole state on every rank."
-        ).format(numel=step["state numel"], most=most),
+        ).format(got=step["state bytes"], most=most),
     )
     expect(
         step["shard moved"],
         at
         + tr(
-            "the shard did not change: set shard.grad to this rank's piece of the flat gradient "
-            "(the gradients of all parameters, flattened, zero-padded to world x shard.numel()) "
-            "before optimizer.step()."
+            "the shard did not change: set shard.grad to this rank's averaged piece of the "
+            "gradient before optimizer.step()."
         ),
     )
     expect(
@@ -444,6 +548,12 @@ def _expect_zero1_values(step: dict, at: str) -> None:
             "parameter (in place, under torch.no_grad())."
         ),
     )
+    _expect_zero1_equal(step, want, at)
+
+
+def _expect_zero1_equal(step: dict, want: torch.Tensor, at: str) -> None:
+    """The parameters equal to full Adam's to the bit: this rank's piece, then the others' (chapter 8)."""
+    after = step["after"]
     worst = (after - want).abs().max().item()
     # rounding a value to float32 moves it by at most eps32 / 2 of itself: within eps32, the
     # difference is a float32 passage (one more float32 operation on the way included)
@@ -480,24 +590,33 @@ def _expect_zero1_values(step: dict, at: str) -> None:
     )
 
 
-def _expect_zero1(res: dict, world: int, rank: int) -> None:
-    """Both dtypes and both steps of one rank's ZeRO-1 run (chapter 8)."""
-    for dtype, steps in (("float32", res["float32"]), ("float64", res["float64"])):
-        for i, step in enumerate(steps):
-            at = _where(world, rank) + tr("{dtype}, step {step}: ").format(dtype=dtype, step=i + 1)
-            _expect_zero1_calls(step, world, at)
-            _expect_zero1_values(step, at)
+def _expect_zero1(results: list[dict]) -> None:
+    """Every rank's two steps in both dtypes: collectives, averaged piece, then parameters (chapter 8)."""
+    world = len(results)
+    for dtype in ("float32", "float64"):
+
+        def at(rank: int, i: int, dtype: str = dtype) -> str:
+            return _where(world, rank) + tr("{dtype}, step {step}: ").format(dtype=dtype, step=i + 1)  # fmt: skip
+
+        steps = range(len(results[0][dtype]))
+        for i in steps:
+            for rank, res in enumerate(results):
+                _expect_zero1_calls(res[dtype][i], world, at(rank, i))
+                _expect_zero1_grad(results, dtype, i, rank, at(rank, i))
+        wants = zero1_reference(results, dtype)
+        for i in steps:
+            for rank, res in enumerate(results):
+                _expect_zero1_values(res[dtype][i], wants[i], at(rank, i))
 
 
 def check_zero1_step(zero1_step: Callable[..., None]) -> CheckResult:
-    """Exercise 4: step this rank's piece with Adam, all-gather the pieces, write them back (chapter 8)."""
+    """Exercise 4: reduce-scatter the gradient, step this rank's piece with Adam, all-gather the parameters (chapter 8)."""
 
     def probes() -> None:
         one = run_at_world_one(zero1_step, "zero1_step")
         if one:
-            _expect_zero1(one, 1, 0)
+            _expect_zero1([one])
         for world in launched_worlds():
-            for r, res in enumerate(run_on_launched_ranks(zero1_step, "zero1_step", world)):
-                _expect_zero1(res, world, r)
+            _expect_zero1(run_on_launched_ranks(zero1_step, "zero1_step", world))
 
     return run_check(tr("Exercise 4, a ZeRO-1 step"), probes)

@@ -7,15 +7,20 @@ the checker compares with one process's answer, and every collective the functio
 order, with what it was given and whether its async work was waited for.
 
 Tasks: ``overlap_hooks`` (all-reduce started from post-accumulate-grad hooks), ``zero1_step``
-(a sharded Adam step).
+(a ZeRO-1 step from the rank's own gradients: reduce-scatter, Adam on the rank's piece,
+all-gather). A flat collective given sizes that do not match (a flat gradient left unpadded)
+raises a plain error in the rank before gloo's own check, which aborts the process on torch 2.5.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from helpers.checks import is_stub_error
 from helpers.comm_overlap import shard_bounds
 from helpers.data import make_classification_data
+from helpers.i18n import tr, tr_mark
 from helpers.models import make_mlp
 from helpers.scripts.common import Context, exit_now, flat_params, grads, parser, setup, teardown
 from helpers.scripts.exercise_check import rebuild
@@ -70,11 +76,92 @@ class RecordedWork:
         return self.work.wait(*args, **kwargs)
 
     def get_future(self) -> Any:
-        self.call["waited"] = True  # a future is waited for through its own API
-        return self.work.get_future()
+        # waited for only when this future, or one chained from it, is waited for (WatchedFuture)
+        return WatchedFuture(self.work.get_future(), [self.call], self.state)
 
     def is_completed(self) -> bool:
-        return self.work.is_completed()
+        done = self.work.is_completed()
+        waited(self.call, self.state, done, poll=True)
+        return done
+
+
+def waited(call: dict, state: dict, done: bool = True, poll: bool = False) -> None:
+    """Note a wait on call's work: wait(), a future's wait() or value(), or a poll that said done (chapter 8).
+
+    A poll that said "not yet" and then "done" inside backward waited there (a busy wait in a
+    hook); one that said "done" at once did not stop backward.
+    """
+    in_backward = state.get("in backward", False)
+    if not done:
+        call["polled in backward"] = in_backward
+        return
+    call["waited"] = True
+    blocked = not poll or call.get("polled in backward", False)
+    call["waited in backward"] |= in_backward and blocked
+
+
+#: Set while a learner's callback runs (.then, add_done_callback): its future is complete there,
+#: so reading its value is no wait.
+_IN_CALLBACK = threading.local()
+
+
+def in_callback(callback: Any) -> Any:
+    """callback, run with _IN_CALLBACK set (chapter 8)."""
+
+    def run(fut: Any) -> Any:
+        _IN_CALLBACK.on = True
+        try:
+            return callback(fut)
+        finally:
+            _IN_CALLBACK.on = False
+
+    return run
+
+
+class WatchedFuture(torch.futures.Future):
+    """A collective's future, or one chained from it, noting when the learner waits on it (chapter 8).
+
+    It completes with its source; wait() and value() note a wait on every collective it
+    depends on, then() and add_done_callback() chain watched futures, done() True counts as
+    a poll that said done. torch.futures.wait_all and collect_all are watched in recording().
+    """
+
+    def __init__(self, source: Any, calls: list[dict], state: dict) -> None:
+        super().__init__()
+        self.calls, self.state = calls, state
+
+        def settle(fut: Any) -> None:
+            try:
+                self.set_result(fut.value())
+            except Exception as exc:  # noqa: BLE001 - the collective's own error, passed on
+                self.set_exception(exc)
+
+        source.add_done_callback(settle)
+
+    def note(self, done: bool = True, poll: bool = False) -> None:
+        """Note a wait on every collective this future depends on (chapter 8)."""
+        if not getattr(_IN_CALLBACK, "on", False):
+            for call in self.calls:
+                waited(call, self.state, done, poll)
+
+    def wait(self) -> Any:
+        self.note()
+        return super().wait()
+
+    def value(self) -> Any:
+        self.note()
+        return super().value()
+
+    def done(self) -> bool:
+        done = super().done()
+        self.note(done, poll=True)
+        return done
+
+    def then(self, callback: Any) -> Any:
+        return WatchedFuture(super().then(in_callback(callback)), self.calls, self.state)
+
+    def add_done_callback(self, callback: Any) -> None:
+        super().add_done_callback(in_callback(callback))
 
 
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -88,9 +175,107 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+#: The flat collectives: (output, input) tensors, the output world times the input (an all-gather)
+#: or the input world times the output (a reduce-scatter).
+FLAT = {
+    "all_gather_into_tensor": "gather",
+    "all_gather_single": "gather",
+    "reduce_scatter_tensor": "scatter",
+    "reduce_scatter_single": "scatter",
+}
+_UNEVEN = tr_mark(
+    "{name} was given a flat tensor of {flat} elements and a piece of {piece}, on {world} "
+    "rank(s): the flat one must hold exactly world x piece = {want} elements. Pad the flat "
+    "vector with zeros to world x shard.numel() (F.pad(flat, (0, world * s - flat.numel()))), "
+    "so that every rank's piece has the same size."
+)
+
+
+def same_sizes(name: str, output: Any, args: tuple, kwargs: dict) -> None:
+    """Raise a plain error here, before gloo's own check aborts the process (torch 2.5) (chapter 8)."""
+    if name not in FLAT:
+        return
+    given = args[0] if args else kwargs.get("input", kwargs.get("input_tensor"))
+    if not (torch.is_tensor(output) and torch.is_tensor(given)):
+        return
+    world = dist.get_world_size()
+    flat, piece = (output, given) if FLAT[name] == "gather" else (given, output)
+    if flat.numel() != world * piece.numel():
+        raise ValueError(
+            tr(_UNEVEN).format(
+                name=f"dist.{name}",
+                flat=flat.numel(),
+                piece=piece.numel(),
+                world=world,
+                want=world * piece.numel(),
+            )  # fmt: skip
+        )
+
+
+#: Numbers every recorded collective of this process, the same on every rank while they agree.
+_SEQUENCE = itertools.count()
+_MISMATCH = tr_mark(
+    "the ranks called different collectives: this rank's collective number {n} is {mine}, "
+    "rank {other}'s is {theirs}. Every rank must call the same collectives in the same order, "
+    "or they pair with the wrong partner and wait for ever. A collective under `if "
+    "dist.get_rank() == 0:` runs on one rank only: call dist.broadcast(t, src=0) on every rank "
+    "(src says which one sends)."
+)
+
+
+def same_collective(name: str) -> None:
+    """Raise when another rank's collective of the same number is another one (chapter 8).
+
+    Through the group's store, not a collective: each rank notes its call, then reads the
+    others' of that number; of two ranks, the later to note sees the earlier one's, so a
+    mismatch is said at once, not after the group's timeout.
+    """
+    world = dist.get_world_size()
+    if world == 1:
+        return
+    n, rank = next(_SEQUENCE), dist.get_rank()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError):  # no store to compare through: gloo's timeout says it
+        return
+    store.set(f"course_ch08_collective/{n}/{rank}", name)
+    for other in range(world):
+        key = f"course_ch08_collective/{n}/{other}"
+        if other != rank and store.check([key]):
+            theirs = store.get(key).decode()
+            if theirs != name:
+                raise RuntimeError(
+                    tr(_MISMATCH).format(
+                        n=n + 1, mine=f"dist.{name}", other=other, theirs=f"dist.{theirs}"
+                    )
+                )
+
+
+def watch_futures(state: dict) -> dict[str, Any]:
+    """torch.futures.wait_all and collect_all, noting a wait on the watched futures given (chapter 8)."""
+    real_wait_all, real_collect_all = torch.futures.wait_all, torch.futures.collect_all
+
+    def wait_all(futures: list) -> list:
+        for fut in futures:
+            if isinstance(fut, WatchedFuture):
+                fut.note()
+        return real_wait_all(futures)
+
+    def collect_all(futures: list) -> Any:
+        calls = [c for f in futures if isinstance(f, WatchedFuture) for c in f.calls]
+        return WatchedFuture(real_collect_all(futures), calls, state)
+
+    return {"wait_all": wait_all, "collect_all": collect_all}
+
+
 @contextlib.contextmanager
-def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
-    """Record every watched collective called inside: name, async, in backward, grad or not (chapter 8)."""
+def recording(params: list[torch.Tensor], state: dict, spaces: tuple[dict, ...] = ()) -> Iterator[list[dict]]:  # fmt: skip
+    """Record every watched collective called inside: name, async, in backward, grad or not (chapter 8).
+
+    Patched in torch.distributed and under any name in `spaces` (the learner's globals:
+    `from torch.distributed import all_reduce` ran before the patch). Not in distributed_c10d,
+    where torch 2.13's deprecated names call the new ones (each call would count twice).
+    """
     calls: list[dict] = []
     real = {name: getattr(dist, name) for name in WATCHED if hasattr(dist, name)}
 
@@ -124,18 +309,36 @@ def recording(params: list[torch.Tensor], state: dict) -> Iterator[list[dict]]:
                 "waited in backward": False,
             }
             calls.append(record)
+            same_collective(name)
+            same_sizes(name, tensor, args, kwargs)
             work = real[name](tensor, *args, **kwargs)
             return RecordedWork(work, record, state) if work is not None else None
 
         return call
 
+    watched = {name: watch(name) for name in real}
+    futures = watch_futures(state)
+    by_object = {id(real[n]): f for n, f in watched.items()}
+    by_object.update({id(getattr(torch.futures, n)): f for n, f in futures.items()})
+    patches = [(dist, n, f) for n, f in watched.items()]
+    patches += [(torch.futures, n, f) for n, f in futures.items()]
+    undo = []
     try:
-        for name in real:
-            setattr(dist, name, watch(name))
+        for owner, name, fn in patches:
+            undo.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, fn)
+        for space in spaces:
+            for name, value in list(space.items()):
+                if id(value) in by_object:
+                    undo.append((space, name, value))
+                    space[name] = by_object[id(value)]
         yield calls
     finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
+        for owner, name, fn in reversed(undo):
+            if isinstance(owner, dict):
+                owner[name] = fn
+            else:
+                setattr(owner, name, fn)
 
 
 def rank_batch(ctx: Context, step: int, dtype: torch.dtype = torch.float32) -> tuple:
@@ -164,7 +367,7 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
     steps = []
     for i, p in enumerate(params):  # registered first, so it runs before the learner's hook
         p.register_post_accumulate_grad_hook(lambda p, i=i: state.update(latest=i))
-    with recording(params, state) as calls:
+    with recording(params, state, (getattr(fn, "__globals__", {}),)) as calls:
         finish = fn(model)
         setup = [dict(c) for c in calls]
         for step in range(STEPS):
@@ -196,39 +399,63 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
     }
 
 
+def flat_grad(params: list[torch.Tensor], padded: int) -> torch.Tensor:
+    """This rank's own gradients as one flat CPU vector, zero-padded to `padded` elements (chapter 8)."""
+    flat = torch.cat([p.grad.detach().reshape(-1).cpu() for p in params])
+    return nn.functional.pad(flat, (0, padded - flat.numel()))
+
+
+def state_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
+    """Bytes of the optimizers' state tensors, Adam's moments (scalar step counters left out) (chapter 8)."""
+    return sum(
+        t.numel() * t.element_size()
+        for o in optimizers
+        for s in o.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim()
+    )
+
+
+def recorded_step(
+    real_step: Any, shard: torch.Tensor, calls: list[dict], seen: dict, *args: Any, **kwargs: Any
+) -> Any:
+    """optimizer.step(), noting the call and the shard's gradient at that moment (chapter 8)."""
+    calls.append({"op": "step"})
+    seen["grad"] = None if shard.grad is None else shard.grad.detach().cpu().clone()
+    return real_step(*args, **kwargs)
+
+
 def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
-    """Two ZeRO-1 steps of the learner's against full Adam on the same averaged gradients (chapter 8)."""
-    model, replica = make_mlp(SIZES, seed=3).to(dtype), make_mlp(SIZES, seed=3).to(dtype)
+    """Two ZeRO-1 steps of the learner's from this rank's own gradients, with what they did (chapter 8).
+
+    Each step records this rank's own flat padded gradient (before any collective), the
+    shard's gradient when the learner called optimizer.step() (the averaged piece it must be),
+    the parameters before and after, the optimizer state held and every collective called;
+    the checker computes the exact mean over the ranks and full Adam's parameters from them.
+    """
+    model = make_mlp(SIZES, seed=3).to(dtype)
     params = list(model.parameters())
     numel = sum(p.numel() for p in params)
     start, stop, size = shard_bounds(numel, ctx.world_size, ctx.rank)
     flat = nn.functional.pad(flat_params(model), (0, ctx.world_size * size - numel))
     shard = flat[start:stop].clone()
     opt = torch.optim.Adam([shard], lr=LR, foreach=False)
-    full = torch.optim.Adam(replica.parameters(), lr=LR, foreach=False)
-    out, state = [], {}
-    real_step = opt.step
+    out, state, real_step = [], {}, opt.step
     for step in range(STEPS):
         model.zero_grad(set_to_none=True)
         x, y = rank_batch(ctx, step, dtype)
         nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
-        for p, q in zip(params, replica.parameters()):
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size  # averaged before the learner's step, as DDP would
-            q.grad = p.grad.clone()
-        full.step()
+        local = flat_grad(params, ctx.world_size * size)  # this rank's own, not averaged
         before, shard_before = flat_params(model), shard.detach().clone()
-        storage = [p.data_ptr() for p in params]
+        storage, seen = [p.data_ptr() for p in params], {}
         stepped: dict[int, torch.optim.Optimizer] = {}
         counted = register_optimizer_step_post_hook(
             lambda o, args, kwargs, _seen=stepped: _seen.setdefault(id(o), o)
         )  # every optimizer the learner steps, the one given or another
+
         try:
-            with recording(params, state) as calls:
-                opt.step = lambda *a, _calls=calls, **k: (
-                    _calls.append({"op": "step"}),
-                    real_step(*a, **k),
-                )[1]
+            with recording(params, state, (getattr(fn, "__globals__", {}),)) as calls:
+                opt.step = functools.partial(recorded_step, real_step, shard, calls, seen)
                 fn(params, shard, opt)
         finally:
             opt.step = real_step
@@ -237,22 +464,17 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
             {
                 "before": before,
                 "after": flat_params(model),
-                "want": flat_params(replica),
+                "local grad": local,
+                "shard grad": seen.get("grad"),
                 "shard moved": not torch.equal(shard.detach(), shard_before),
                 # the optimizer state this rank holds: every optimizer stepped, its tensors
-                "state numel": sum(
-                    t.numel()
-                    for o in (stepped or {0: opt}).values()
-                    for s in o.state.values()
-                    for t in s.values()
-                    if torch.is_tensor(t) and t.dim()
-                ),
-                "shard numel": shard.numel(),
+                "state bytes": state_bytes(list(stepped.values()) or [opt]),
+                "shard bytes": shard.numel() * shard.element_size(),
                 "replaced": [
                     i for i, (p, ptr) in enumerate(zip(params, storage)) if p.data_ptr() != ptr
                 ],  # fmt: skip
                 "calls": [dict(c) for c in calls],
-                "dtype": str(params[0].dtype),
+                "dtype": str(dtype),
                 "shard": (start, stop),
             }
         )

@@ -9,15 +9,24 @@ gradients over the ranks in one of five ways:
 - ``overlap``: a ``register_post_accumulate_grad_hook`` on each parameter starts an async
   all-reduce of that gradient the moment it is complete, while backward goes on with the
   earlier layers; the step waits for them all, then divides;
-- ``bucketed``: the same, but gradients are packed into buckets of about ``--bucket-mb``
-  (in the order backward produces them) and each full bucket is all-reduced at once.
+- ``bucketed``: the same, but gradients are packed into buckets of about ``--bucket-mb`` MiB
+  (in the order backward produces them) and the buckets are all-reduced in order, each once
+  it and every bucket before it are full (DDP's rule: every rank issues the same collectives
+  in the same order).
 
 Recorded for each way: the averaged gradients of one step (the notebook compares them with
 DDP's), the step time (blocks of steps; the slowest rank counts, as in chapter 4's
 scaling.py), the bytes and calls handed to all-reduce per step and, over a few instrumented
-steps, when each all-reduce was in flight against when backward ran (the ranks' own clocks;
-on CUDA, the profiler's kernel timeline). Rank 0 also writes a profiler trace of one bucketed
-step with labelled ranges (``--trace``), which chapter 8 reads back.
+steps, how long backward took (host clock; on CUDA, events on the GPU's stream) and when each
+all-reduce was in flight (the ranks' own clocks; on CUDA, the profiler's kernel timeline).
+Also: all-reduce times at several sizes (for the alpha-beta fit), the bucketed way's step time
+and its wait after backward over a sweep of bucket sizes, DDP's bucket sizes in its first step
+and after it rebuilt them, and those of a DDP left at its default cap (a 1 MiB first bucket). Rank 0 writes a profiler trace of one bucketed step with labelled ranges (``--trace``),
+which chapter 8 reads back. Every step is labelled (``labelled``: NVTX on CUDA).
+
+With ``--nsys`` the script runs only labelled steps of each way between cudaProfilerStart and
+Stop, without torch.profiler (Nsight Systems and the profiler's CUDA tracing clash): run it
+under the command ``helpers.comm_overlap.nsys_command`` prints.
 
     torchrun --standalone --nproc-per-node=2 dp_by_hand.py --out /tmp/dp
 """
@@ -41,10 +50,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from helpers.comm_overlap import (
     allreduce_rounding_bound,
+    capture_range,
     hidden_communication,
     kernel_spans,
     labelled,
     plan_buckets,
+    sweep_caps,
 )
 from helpers.models import make_mlp
 from helpers.scripts.common import (
@@ -59,6 +70,11 @@ from helpers.scripts.common import (
 WAYS = ("ddp", "per_param", "flat", "overlap", "bucketed")
 #: The host-clock phases of an instrumented step; "compute" is backward up to its last gradient.
 PHASES = ("forward", "backward", "compute", "wait")
+#: All-reduce sizes of the alpha-beta fit, in bytes: 4 KiB to 4 MiB on CPU, 64 KiB to 256 MiB on GPU.
+ALLREDUCE_BYTES = {
+    "cpu": [1024 * 4**k for k in range(1, 7)],
+    "cuda": [1024 * 4**k for k in range(3, 10)],
+}
 
 
 class Comm:
@@ -66,6 +82,7 @@ class Comm:
 
     def __init__(self) -> None:
         self.bytes = self.calls = 0
+        self.sizes: list[int] = []  # bytes of each call, in the order the calls were made
         self.spans: list[tuple[float, float]] = []
         self.record = False  # host-clock spans; on CUDA the profiler's kernels are used instead
 
@@ -73,6 +90,7 @@ class Comm:
         """dist.all_reduce(tensor), counted (chapter 8)."""
         self.bytes += tensor.numel() * tensor.element_size()
         self.calls += 1
+        self.sizes.append(tensor.numel() * tensor.element_size())
         start = time.perf_counter()
         work = dist.all_reduce(tensor, async_op=async_op)
         if self.record and async_op:  # the future completes on the backend's thread
@@ -128,13 +146,13 @@ class Overlapped:
 
 
 class Bucketed:
-    """(d) Gradients packed into buckets in backward's order; a bucket's all-reduce starts when it is full (chapter 8)."""
+    """(d) Gradients packed into buckets in backward's order, all-reduced in bucket order (chapter 8)."""
 
     def __init__(self, model: nn.Module, comm: Comm, bucket_bytes: int) -> None:
         params = list(model.parameters())[::-1]  # backward produces the last layer's first
         plan = plan_buckets([p.numel() * p.element_size() for p in params], bucket_bytes)
         self.buckets = [[params[i] for i in bucket] for bucket in plan]
-        self.comm, self.works = comm, []
+        self.comm, self.works, self.next = comm, [], 0
         self.missing = [len(b) for b in self.buckets]
         for i, bucket in enumerate(self.buckets):
             for p in bucket:
@@ -142,9 +160,12 @@ class Bucketed:
 
     def ready(self, i: int, p: torch.Tensor) -> None:
         self.missing[i] -= 1
-        if self.missing[i] == 0:  # the bucket's last gradient is in: pack it and send it
-            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
-            self.works.append((i, flat, self.comm.all_reduce(flat, async_op=True)))
+        # Send full buckets in bucket order, as DDP does: if one rank's graph produced its
+        # gradients in another order, sending on completion would pair different buckets.
+        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[self.next]])
+            self.works.append((self.next, flat, self.comm.all_reduce(flat, async_op=True)))
+            self.next += 1
 
     def finish(self) -> None:
         if len(self.works) != len(self.buckets):
@@ -156,7 +177,7 @@ class Bucketed:
             for q, piece in zip(self.buckets[i], pieces):
                 q.grad.copy_(piece.view_as(q))
         self.works.clear()
-        self.missing = [len(b) for b in self.buckets]
+        self.missing, self.next = [len(b) for b in self.buckets], 0
 
 
 def counting_ddp_hook(comm, bucket):  # noqa: ANN001, ANN201 - DDP checks these annotations
@@ -164,6 +185,7 @@ def counting_ddp_hook(comm, bucket):  # noqa: ANN001, ANN201 - DDP checks these 
     buffer = bucket.buffer()
     comm.bytes += buffer.numel() * buffer.element_size()
     comm.calls += 1
+    comm.sizes.append(buffer.numel() * buffer.element_size())
     start = time.perf_counter()
     fut = default_hooks.allreduce_hook(None, bucket)  # divides by the world size, then sums
 
@@ -175,15 +197,23 @@ def counting_ddp_hook(comm, bucket):  # noqa: ANN001, ANN201 - DDP checks these 
     return fut.then(done)
 
 
-def build(way: str, ctx: Context, args: argparse.Namespace, start: dict) -> tuple[nn.Module, Any]:
+def build(
+    way: str,
+    ctx: Context,
+    args: argparse.Namespace,
+    start: dict,
+    bucket_bytes: int | None = None,
+    ddp_cap_mb: float | None = -1.0,
+) -> tuple[nn.Module, Any]:
     """The model (same weights on every rank) and the way it averages gradients (chapter 8)."""
     model = make_mlp((args.width,) * args.depth + (1,)).to(ctx.device)
     model.load_state_dict(start)
     comm = Comm()
-    bucket_bytes = int(args.bucket_mb * 2**20)
+    bucket_bytes = bucket_bytes or int(args.bucket_mb * 2**20)  # bucket_cap_mb is in MiB
     if way == "ddp":
         ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        net = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+        cap = args.bucket_mb if ddp_cap_mb == -1.0 else ddp_cap_mb  # None: DDP's default
+        net = DDP(model, device_ids=ids, bucket_cap_mb=cap)
         net.register_comm_hook(state=comm, hook=counting_ddp_hook)
         return net, (comm, None)
     ways: dict[str, Callable[[], Any]] = {
@@ -204,18 +234,26 @@ def batch(ctx: Context, args: argparse.Namespace) -> tuple[torch.Tensor, torch.T
     return x[rows].to(ctx.device), y[rows].to(ctx.device)
 
 
-def train_step(net: nn.Module, averager: Any, opt: torch.optim.Optimizer, x, y) -> dict:  # noqa: ANN001
-    """zero_grad, forward, backward, average, SGD step; the host times of each phase (chapter 8)."""
-    t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    loss = nn.functional.binary_cross_entropy_with_logits(net(x), y)
-    t1 = time.perf_counter()
-    loss.backward()  # DDP and the hooks start all-reduces in here
-    t2 = time.perf_counter()
-    if averager is not None:
-        averager.finish()
-    t3 = time.perf_counter()
-    opt.step()
+def train_step(net: nn.Module, averager: Any, opt: torch.optim.Optimizer, x, y, clock=None) -> dict:  # noqa: ANN001
+    """One labelled step: zero_grad, forward, backward, average, SGD step; host times of each phase (chapter 8)."""
+    device = x.device
+    with labelled("step", device):  # every step, so that Nsight Systems shows each one
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with labelled("forward", device):
+            loss = nn.functional.binary_cross_entropy_with_logits(net(x), y)
+        t1 = time.perf_counter()
+        with labelled("backward", device):
+            if clock is not None:
+                clock.start()
+            loss.backward()  # DDP and the hooks start all-reduces in here
+        t2 = time.perf_counter()
+        with labelled("communication wait", device):
+            if averager is not None:
+                averager.finish()
+        t3 = time.perf_counter()
+        with labelled("optimizer step", device):
+            opt.step()
     return {"forward": (t0, t1), "backward": (t1, t2), "wait": (t2, t3), "end": time.perf_counter()}
 
 
@@ -226,15 +264,37 @@ def sync(device: torch.device) -> None:
 
 
 class GradClock:
-    """When the last gradient of a step was accumulated: backward's compute ends there (chapter 8)."""
+    """When backward started and when its last gradient was accumulated: host clock, or CUDA events (chapter 8)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.last = 0.0
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.cuda, self.on = device.type == "cuda", False  # on: only in instrumented steps
+        self.started: Any = 0.0
+        self.last: Any = 0.0
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(self.tick)
 
+    def now(self) -> Any:
+        """The host clock, or on CUDA an event recorded on the current stream (chapter 8)."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()  # the GPU reaches it once the kernels queued before it have run
+        return event
+
+    def start(self) -> None:
+        if self.on:
+            self.started = self.now()
+
     def tick(self, p: torch.Tensor) -> None:
-        self.last = time.perf_counter()
+        if self.on:
+            self.last = self.now()
+
+    def backward_s(self) -> float:
+        """Seconds from backward's start to its last gradient (on CUDA, on the GPU) (chapter 8)."""
+        if not self.cuda:
+            return self.last - self.started
+        self.last.synchronize()
+        return self.started.elapsed_time(self.last) / 1e3  # ms
 
 
 @dataclass
@@ -266,14 +326,16 @@ def time_blocks(ctx: Context, args: argparse.Namespace, runs: dict[str, Run], xy
 
 
 def instrumented_steps(ctx: Context, r: Run, xy: tuple, steps: int) -> list[dict]:
-    """A few steps with every all-reduce's time in flight against backward's (chapter 8)."""
+    """A few steps with backward's time, and every all-reduce's time in flight against backward's (chapter 8)."""
     out = []
     for _ in range(steps):
         dist.barrier()
-        r.comm.spans, r.comm.bytes, r.comm.calls = [], 0, 0
+        r.comm.spans, r.comm.bytes, r.comm.calls, r.comm.sizes = [], 0, 0, []
+        if r.clock is not None:
+            r.clock.on = True
         if ctx.device.type == "cuda":  # host clocks do not see the GPU: read its kernels
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                train_step(r.net, r.averager, r.opt, *xy)
+                train_step(r.net, r.averager, r.opt, *xy, clock=r.clock)
                 sync(ctx.device)
             comm, compute = kernel_spans(prof.events())
             t0 = min((s for s, _ in comm + compute), default=0.0)
@@ -281,13 +343,16 @@ def instrumented_steps(ctx: Context, r: Run, xy: tuple, steps: int) -> list[dict
             phases = {"compute": [(s - t0, e - t0) for s, e in compute]}
         else:
             r.comm.record = True
-            times = train_step(r.net, r.averager, r.opt, *xy)
+            times = train_step(r.net, r.averager, r.opt, *xy, clock=r.clock)
             r.comm.record = False
             times["compute"] = (times["backward"][0], r.clock.last)  # backward until its last grad
             t0 = times["forward"][0]
             comm = [(s - t0, e - t0) for s, e in r.comm.spans]
             phases = {k: [(times[k][0] - t0, times[k][1] - t0)] for k in PHASES}
-        sent = {"bytes": r.comm.bytes, "calls": r.comm.calls}
+        sent = {"bytes": r.comm.bytes, "calls": r.comm.calls, "sizes": list(r.comm.sizes)}
+        if r.clock is not None:
+            r.clock.on = False
+            sent["backward s"] = r.clock.backward_s()
         out.append(
             {"comm": comm, **phases, **sent, **hidden_communication(comm, phases["compute"])}
         )
@@ -299,21 +364,83 @@ def traced_step(ctx: Context, r: Run, xy: tuple, path: str | None) -> None:
     activities = [ProfilerActivity.CPU]
     if ctx.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    x, y = xy
     with profile(activities=activities) as prof:
-        with labelled("step", ctx.device):
-            r.opt.zero_grad(set_to_none=True)
-            with labelled("forward", ctx.device):
-                loss = nn.functional.binary_cross_entropy_with_logits(r.net(x), y)
-            with labelled("backward", ctx.device):
-                loss.backward()  # the buckets' all-reduces start in here, on the backend's thread
-            with labelled("communication wait", ctx.device):
-                r.averager.finish()
-            with labelled("optimizer step", ctx.device):
-                r.opt.step()
+        train_step(r.net, r.averager, r.opt, *xy)  # labels step, forward, backward, ...
         sync(ctx.device)
     if path is not None:
         prof.export_chrome_trace(path)
+
+
+def nsys_steps(ctx: Context, args: argparse.Namespace, runs: dict[str, Run], xy: tuple) -> dict:
+    """--nsys: labelled steps of every way inside the capture range, no torch.profiler (chapter 8)."""
+    sync(ctx.device)
+    dist.barrier()
+    with capture_range(ctx.device):  # cudaProfilerStart/Stop: nsys records only this
+        for way, r in runs.items():
+            with labelled(f"way {way}", ctx.device):
+                for _ in range(args.steps):
+                    train_step(r.net, r.averager, r.opt, *xy)
+        sync(ctx.device)
+        dist.barrier()  # every rank's steps are inside before the first rank stops the capture
+    return {"nsys steps per way": args.steps, "ways": list(runs)}
+
+
+def allreduce_times(ctx: Context, sizes: list[int], blocks: int, calls: int = 5) -> list[dict]:
+    """Seconds per all-reduce of a float32 buffer at each size in bytes; the slowest rank counts (chapter 8).
+
+    Fixed counts on every rank, not helpers.timing.benchmark: that adapts how many calls it
+    times to each rank's clock, and a collective must be called as often on every rank.
+    """
+    bufs = {n: torch.ones(n // 4, device=ctx.device) for n in sizes}
+    for buf in bufs.values():
+        for _ in range(3):  # warm-up: gloo's and NCCL's first call at a size sets up buffers
+            dist.all_reduce(buf)
+    per_call: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(blocks):
+        for nbytes, buf in bufs.items():  # sizes in turn: a slow spell hits them all
+            dist.barrier()
+            sync(ctx.device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(buf)
+            sync(ctx.device)
+            took = torch.tensor([(time.perf_counter() - start) / calls], device=ctx.device)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            per_call[nbytes].append(took.item())
+    return [{"bytes": n, **summary(times)} for n, times in per_call.items()]
+
+
+def bucket_sweep(ctx: Context, args: argparse.Namespace, start: dict, xy: tuple) -> list[dict]:
+    """The bucketed way's step time and measured wait after backward at several caps (sweep_caps) (chapter 8)."""
+    model = make_mlp((args.width,) * args.depth + (1,))
+    sizes = [p.numel() * p.element_size() for p in list(model.parameters())[::-1]]
+    runs, caps = {}, {}
+    for cap in sweep_caps(sizes):
+        net, (comm, averager) = build("bucketed", ctx, args, start, bucket_bytes=cap)
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+        r = Run(net, comm, averager, opt, GradClock(net, ctx.device))
+        for _ in range(args.warmup):
+            train_step(r.net, r.averager, r.opt, *xy)
+        runs[f"cap {cap}"], caps[f"cap {cap}"] = r, (cap, len(averager.buckets))
+    sweep_args = argparse.Namespace(blocks=args.sweep_blocks, steps=args.steps)
+    rows = []
+    for name, per_step in time_blocks(ctx, sweep_args, runs, xy).items():
+        cap, buckets = caps[name]
+        steps = instrumented_steps(ctx, runs[name], xy, args.sweep_blocks)
+        # communication still in flight after backward's last gradient: the step's wait
+        wait = statistics.median(s["exposed s"] for s in steps)
+        rows.append({"cap bytes": cap, "buckets": buckets, "wait median s": wait, **summary(per_step)})  # fmt: skip
+    return rows
+
+
+def ddp_default_buckets(ctx: Context, args: argparse.Namespace, start: dict, xy: tuple) -> list:
+    """Bytes of each all-reduce of a DDP left at its default bucket_cap_mb, after its rebuild (chapter 8)."""
+    net, (comm, _) = build("ddp", ctx, args, start, ddp_cap_mb=None)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    for _ in range(2):  # DDP rebuilds its buckets after the first step
+        comm.sizes = []
+        train_step(net, None, opt, *xy)
+    return list(comm.sizes)
 
 
 def summary(per_step: list[float]) -> dict[str, float]:
@@ -332,47 +459,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=4, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=5, help="timed blocks per way")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--instrumented", type=int, default=3, help="steps with in-flight times")
+    p.add_argument("--instrumented", type=int, default=5, help="steps with in-flight times")
     p.add_argument("--trace", action="store_true", help="rank 0 writes OUT/trace_rank0.json")
+    p.add_argument("--sweep-blocks", type=int, default=3, help="timed blocks per bucket cap")
+    p.add_argument("--allreduce-blocks", type=int, default=5, help="timed blocks per size")
+    p.add_argument("--nsys", action="store_true", help="only labelled steps in a capture range")
     return p
 
 
-def run(ctx: Context, args: argparse.Namespace) -> None:
-    """The five ways: gradients of one step, step times, bytes, overlap; results to args.out (chapter 8)."""
-    start = make_mlp((args.width,) * args.depth + (1,), seed=args.seed).state_dict()
-    xy = batch(ctx, args)
-    runs, result = {}, {"world_size": ctx.world_size, "device": ctx.device.type, "ways": {}}
-    averaged: dict[str, list[torch.Tensor]] = {}
+def prepare(ctx: Context, args: argparse.Namespace, start: dict, xy: tuple, result: dict) -> dict:
+    """Each way built, its first step's gradients checked against DDP's, then warmed up (chapter 8)."""
+    runs, averaged = {}, {}
     for way in WAYS:
         net, (comm, averager) = build(way, ctx, args, start)
         module = net.module if way == "ddp" else net
         opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-        r = Run(net, comm, averager, opt, GradClock(module))
+        r = Run(net, comm, averager, opt, GradClock(module, ctx.device))
         net.zero_grad(set_to_none=True)
         nn.functional.binary_cross_entropy_with_logits(net(xy[0]), xy[1]).backward()
         if averager is not None:
             averager.finish()
         averaged[way] = [p.grad.detach().clone() for p in module.parameters()]
         result["ways"][way] = {"same on every rank": same_on_every_rank(ctx, module)}
+        result["ways"][way]["first step sizes"] = list(comm.sizes)  # DDP: before its rebuild
         for _ in range(args.warmup):
             train_step(r.net, r.averager, r.opt, *xy)
         runs[way] = r
     bound = allreduce_rounding_bound(abs_grad_sum(ctx, args, start, xy), ctx.world_size)
     for way, got in averaged.items():
         result["ways"][way] |= against_ddp(got, averaged["ddp"], bound)
-    del averaged
+    return runs
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """The five ways: gradients of one step, step times, bytes, overlap, sweeps; results to args.out (chapter 8)."""
+    start = make_mlp((args.width,) * args.depth + (1,), seed=args.seed).state_dict()
+    xy = batch(ctx, args)
+    result = {"world_size": ctx.world_size, "device": ctx.device.type, "ways": {}}
+    runs = prepare(ctx, args, start, xy, result)
+    if args.nsys:  # what Nsight Systems records; torch.profiler stays off
+        write_result(args.out, ctx, result | nsys_steps(ctx, args, runs, xy))
+        log(ctx, f"{args.steps} labelled step(s) of each way inside the capture range")
+        return
     for way, per_step in time_blocks(ctx, args, runs, xy).items():
         result["ways"][way] |= {"step times s": per_step, **summary(per_step)}
     for way, r in runs.items():
         steps = instrumented_steps(ctx, r, xy, args.instrumented)
         result["ways"][way] |= {"instrumented": steps, "bytes per step": steps[-1]["bytes"]}
         result["ways"][way]["calls per step"] = steps[-1]["calls"]
+    sizes = ALLREDUCE_BYTES["cuda" if ctx.device.type == "cuda" else "cpu"]
+    result["allreduce"] = allreduce_times(ctx, sizes, args.allreduce_blocks)
+    result["bucket sweep"] = bucket_sweep(ctx, args, start, xy)
+    result["ddp default cap sizes"] = ddp_default_buckets(ctx, args, start, xy)
+    model = runs["ddp"].net.module
+    result["backward order bytes"] = [p.numel() * p.element_size() for p in list(model.parameters())[::-1]]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     if args.trace:  # every rank runs the step; rank 0 keeps the trace
         path = str(args.out / "trace_rank0.json") if ctx.is_main else None
         traced_step(ctx, runs["bucketed"], xy, path)
     dist.barrier()
-    result["parameters"] = sum(p.numel() for p in runs["ddp"].net.parameters())
+    result["parameters"] = sum(p.numel() for p in model.parameters())
     result["threads"] = torch.get_num_threads()
     write_result(args.out, ctx, result)
     ddp, best = result["ways"]["ddp"], result["ways"]["bucketed"]

@@ -1,17 +1,26 @@
-"""A sharded optimizer (ZeRO-1) by hand, against every rank keeping all of Adam's state (chapter 8).
+"""A sharded optimizer (ZeRO-1) by hand, against DDP with every rank keeping all of Adam's state (chapter 8).
 
-DDP gives every rank the same averaged gradients, and then every rank runs the same Adam over
-every parameter: each holds both of Adam's moment tensors for the whole model. ZeRO-1 (Rajbhandari
-et al., 2020) cuts that state among the ranks. Here the parameters are seen as one flat
-vector, padded with zeros to a multiple of the world size, and cut into equal contiguous
-pieces: rank r owns elements ``r*s .. (r+1)*s``. Each rank keeps Adam's state for its piece
-only, steps it with its piece of the averaged gradient, and the updated pieces are
-all-gathered so that every rank has the whole model again.
+DDP all-reduces the gradients, so every rank holds the whole averaged gradient, and then every
+rank runs the same Adam over every parameter, holding both of its moments for the whole model.
+ZeRO-1 (Rajbhandari et al., 2020) cuts that state among the ranks. The parameters and the
+gradients live in two flat vectors, padded with zeros to a multiple of the world size, each
+parameter (and its gradient) a view of its part; rank r owns the piece ``r*s .. (r+1)*s``. A
+rank needs only its own piece of the averaged gradient: one reduce-scatter delivers it, Adam
+steps that piece of the parameters in place (its moments exist for the piece only), and one
+all-gather, in place, gives every rank the updated parameters. In a ring (what NCCL runs) the
+wire carries what DDP's all-reduce does. The naive first try all-reduces the whole gradient and
+keeps a piece: half as much again on the wire, for nothing. gloo has no reduce-scatter of its
+own: it all-reduces a copy and keeps this rank's piece (pytorch PR #118911), so on gloo ZeRO-1
+sends what the naive version does; on CPU processes the script counts the bytes each rank
+really wrote to its sockets per step (``helpers.sharding.sent_since``).
 
-Each step, one DDP model computes the averaged gradients; a replica receives the same
-gradients and takes an ordinary Adam step (what a DDP rank does), the DDP model takes the
-ZeRO-1 step. Recorded: the largest difference between the two after every step, the bytes of
-every optimizer's state tensors, and the bytes each step hands to its collectives.
+Three runs from the same weights on the same batches, one after the other, each measured on its
+own: DDP (``gradient_as_bucket_view=True``: the gradients are views of DDP's buckets) with
+Adam, ZeRO-1 and the naive ZeRO-1. Recorded per step: the bytes alive before the step, at its
+peak and after it (``helpers.sharding.LiveBytes``: the allocator on CUDA, live tensor storages
+elsewhere) and what was alive at that peak, the bytes handed to each collective, those a ring
+puts on the wire and, on gloo, those really written; and that
+DDP's Adam, given ZeRO-1's averaged gradients, ends with the very same parameters.
 
     torchrun --standalone --nproc-per-node=2 zero1_by_hand.py --out /tmp/zero1
 """
@@ -19,13 +28,14 @@ every optimizer's state tensors, and the bytes each step hands to its collective
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.comm_overlap import shard_bounds
+from helpers.comm_overlap import collective, shard_bounds
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -35,42 +45,67 @@ from helpers.scripts.common import (
     run_alone,
     write_result,
 )
+from helpers.scripts.fsdp_vs_ddp import counting_hook
+from helpers.sharding import (
+    LiveBytes,
+    free_now,
+    metered_step,
+    sent_since,
+    wire_bytes,
+    zero_formulas,
+)
+
+
+def flat_views(params: list[nn.Parameter], padded: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two flat padded vectors, the parameters and their gradients made views of them (chapter 8)."""
+    like = params[0]
+    flat_param = torch.zeros(padded, dtype=like.dtype, device=like.device)
+    flat_grad = torch.zeros_like(flat_param)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        flat_param[offset : offset + n].copy_(p.detach().reshape(-1))
+        p.data = flat_param[offset : offset + n].view_as(p)  # the old storage is freed
+        p.grad = flat_grad[offset : offset + n].view_as(p)  # backward adds into it in place
+        offset += n
+    return flat_param, flat_grad
 
 
 class Zero1Adam:
-    """Adam over this rank's piece of the flat parameters; the pieces are all-gathered after each step (chapter 8)."""
+    """Reduce-scatter the flat gradient, Adam on this rank's piece, all-gather the parameters in place (chapter 8)."""
 
-    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
-        self.params = list(params)
-        world, rank = dist.get_world_size(), dist.get_rank()
-        numel = sum(p.numel() for p in self.params)
-        self.start, self.stop, self.size = shard_bounds(numel, world, rank)
-        self.padded = world * self.size
-        with torch.no_grad():
-            self.shard = self.flat([p.detach() for p in self.params])[
-                self.start : self.stop
-            ].clone()
-        # foreach=False: the same per-tensor Adam code as the unsharded optimizer it is compared with
+    def __init__(
+        self, params: list[nn.Parameter], lr: float, reduce: str = "reduce_scatter"
+    ) -> None:
+        self.params, self.reduce = list(params), reduce  # reduce="all_reduce": the naive first try
+        self.world, rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.start, self.stop, self.size = shard_bounds(self.numel, self.world, rank)
+        self.flat_param, self.flat_grad = flat_views(self.params, self.world * self.size)
+        self.shard = self.flat_param[self.start : self.stop]  # this rank's parameters, a view
+        self.shard.grad = self.flat_grad[self.start : self.stop]
+        # foreach=False: the same per-tensor Adam code as DDP's optimizer it is compared with
         self.opt = torch.optim.Adam([self.shard], lr=lr, foreach=False)
-        self.gathered = 0  # bytes received by all-gather, this step
+        self.handed: dict[str, int] = {}  # bytes of the full buffer given to each collective
 
-    def flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The tensors as one vector, zero-padded to world x shard size (chapter 8)."""
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return nn.functional.pad(flat, (0, self.padded - flat.numel()))
+    def zero_grad(self) -> None:
+        self.flat_grad.zero_()  # not set_to_none: the gradients stay views of the flat vector
 
     @torch.no_grad()
     def step(self) -> None:
-        self.shard.grad = self.flat([p.grad for p in self.params])[self.start : self.stop]
+        full = self.flat_grad.numel() * self.flat_grad.element_size()
+        if self.reduce == "reduce_scatter":
+            mine = torch.empty_like(self.shard)  # gloo cannot reduce-scatter into its own input
+            collective("reduce_scatter_single")(mine, self.flat_grad)  # only this rank's piece
+            self.shard.grad.copy_(mine)
+            free_now(mine)  # at once: gloo's worker thread may hold it a moment longer
+        else:
+            dist.all_reduce(self.flat_grad)  # every rank receives every piece, and keeps one
+        self.shard.grad.div_(self.world)
         self.opt.step()  # Adam's moments exist for this piece only
-        pieces = [torch.empty_like(self.shard) for _ in range(dist.get_world_size())]
-        dist.all_gather(pieces, self.shard)  # every rank gets every updated piece
-        flat = torch.cat(pieces)
-        self.gathered = flat.numel() * flat.element_size()
-        offset = 0
-        for p in self.params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        # in place: this rank's piece already sits in its slot of the output
+        collective("all_gather_single")(self.flat_param, self.shard)
+        self.handed = {self.reduce: full, "all_gather": full}
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> dict[str, int]:
@@ -98,55 +133,169 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(ctx: Context, args: argparse.Namespace) -> None:
-    """ZeRO-1 against every rank's full Adam, on the same gradients; results to args.out (chapter 8)."""
-    sizes = tuple(int(s) for s in args.sizes.split(","))
-    model = make_mlp(sizes, seed=args.seed).to(ctx.device)
-    replica = make_mlp(sizes, seed=args.seed).to(ctx.device)
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    full = torch.optim.Adam(replica.parameters(), lr=args.lr, foreach=False)
-    zero1 = Zero1Adam(list(model.parameters()), lr=args.lr)
-    diffs, losses = [], []
+def batch(
+    ctx: Context, args: argparse.Namespace, sizes: tuple, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of step `step`'s global batch, the same in every run (chapter 8)."""
+    g = torch.Generator().manual_seed(args.seed + 100 + step)
+    x = torch.randn(args.per_rank_batch * ctx.world_size, sizes[0], generator=g)
+    y = (x.sum(dim=1, keepdim=True) > 0).float().expand(-1, sizes[-1])
+    rows = slice(ctx.rank * args.per_rank_batch, (ctx.rank + 1) * args.per_rank_batch)
+    return x[rows].to(ctx.device), y[rows].to(ctx.device)
+
+
+def loss_of(net: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """The training loss of one batch (chapter 8)."""
+    return nn.functional.binary_cross_entropy_with_logits(net(xs), ys)
+
+
+def run_zero1(ctx: Context, args: argparse.Namespace, sizes: tuple, reduce: str) -> dict:
+    """ZeRO-1 for args.steps steps; its memory, bytes, and the averaged gradients and parameters of each step (chapter 8)."""
+    meter = LiveBytes(ctx.device)
+    with meter:
+        model = make_mlp(sizes, seed=args.seed).to(ctx.device)
+        zero1 = Zero1Adam(list(model.parameters()), lr=args.lr, reduce=reduce)
+    steps, grads, params = [], [], []
     for step in range(args.steps):
-        g = torch.Generator().manual_seed(args.seed + 100 + step)
-        x = torch.randn(args.per_rank_batch * ctx.world_size, sizes[0], generator=g)
-        y = (x.sum(dim=1, keepdim=True) > 0).float().expand(-1, sizes[-1])
-        rows = slice(ctx.rank * args.per_rank_batch, (ctx.rank + 1) * args.per_rank_batch)
-        ddp.zero_grad(set_to_none=True)
-        xs, ys = x[rows].to(ctx.device), y[rows].to(ctx.device)
-        loss = nn.functional.binary_cross_entropy_with_logits(ddp(xs), ys)
-        loss.backward()  # DDP averages the gradients over the ranks
-        for p, q in zip(model.parameters(), replica.parameters()):
-            q.grad = p.grad.clone()  # the very same gradients for both optimizers
-        full.step()
-        zero1.step()
-        diffs.append(
-            max(
-                (p - q).abs().max().item() for p, q in zip(model.parameters(), replica.parameters())
-            )
+        xs, ys = batch(ctx, args, sizes, step)
+        sent = sent_since(ctx.backend)
+        steps.append(
+            metered_step(meter, partial(loss_of, model, xs, ys), zero1.zero_grad, zero1.step)
         )
-        losses.append(loss.item())
-    numel = sum(p.numel() for p in model.parameters())
+        steps[-1]["sent"] = sent_since(ctx.backend, sent)
+        full = torch.empty_like(zero1.flat_grad)  # for the comparison only, after the step
+        collective("all_gather_single")(full, zero1.shard.grad)
+        grads.append(full[: zero1.numel].cpu().clone())
+        params.append(zero1.flat_param[: zero1.numel].cpu().clone())
+    return {"zero1": zero1, "steps": steps, "grads": grads, "params": params, "meter": meter.how}
+
+
+def run_ddp(
+    ctx: Context, args: argparse.Namespace, sizes: tuple, grads: list[torch.Tensor]
+) -> dict:
+    """DDP and full Adam, its all-reduced gradients swapped for ZeRO-1's before each step (chapter 8)."""
+    meter = LiveBytes(ctx.device)
+    counter = {"hook": "none", "bytes": 0}
+    with meter:
+        model = make_mlp(sizes, seed=args.seed).to(ctx.device)
+        ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(state=counter, hook=counting_hook)
+        full = torch.optim.Adam(model.parameters(), lr=args.lr, foreach=False)
+    steps, grad_diffs, params = [], [], []
+
+    def same_gradients(step: int) -> None:
+        mine = torch.cat([p.grad.cpu().reshape(-1) for p in model.parameters()])
+        grad_diffs.append((mine - grads[step]).abs().max().item())  # all-reduce vs reduce-scatter
+        for p, g in zip(
+            model.parameters(), grads[step].split([p.numel() for p in model.parameters()])
+        ):
+            p.grad.copy_(g.view_as(p))  # in place: the gradients stay views of DDP's buckets
+
+    for step in range(args.steps):
+        xs, ys = batch(ctx, args, sizes, step)
+        counter["bytes"] = 0
+        zero_grad = lambda: full.zero_grad(set_to_none=False)  # noqa: E731 - keep the bucket views
+        between = lambda s=step: same_gradients(s)  # noqa: E731
+        sent = sent_since(ctx.backend)
+        steps.append(
+            metered_step(meter, partial(loss_of, ddp, xs, ys), zero_grad, full.step, between)
+        )
+        steps[-1]["sent"] = sent_since(ctx.backend, sent)
+        params.append(torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()]))
+    return {
+        "opt": full,
+        "steps": steps,
+        "grad diffs": grad_diffs,
+        "params": params,
+        "handed": counter["bytes"],
+        "meter": meter.how,
+        "tensors": len(list(model.parameters())),
+    }
+
+
+def memory(steps: list[dict], formula: int, counters: int) -> dict:
+    """The last step's bytes before, at the peak and after, next to the formula's (chapter 8)."""
+    last = steps[-1]
+    return {
+        "before": last["before"],
+        "peak": last["peak"],
+        "at peak": last["at peak"],
+        "after": last["after"],
+        "formula": formula + counters,
+        "counters": counters,
+    }
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """ZeRO-1, the naive ZeRO-1 and DDP with full Adam; results to args.out (chapter 8)."""
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    z, naive = (
+        run_zero1(ctx, args, sizes, "reduce_scatter"),
+        run_zero1(ctx, args, sizes, "all_reduce"),
+    )
+    d = run_ddp(ctx, args, sizes, z["grads"])
+    zero1, w = z["zero1"], ctx.world_size
+    numel, ddp_counters = zero1.numel, state_bytes(d["opt"])["step counters"]
+    formulas = zero_formulas(numel, w, param=4, grad=4, state=8)  # fp32 Adam: 8 bytes of moments
+    handed = {
+        "DDP": {"all_reduce": d["handed"]},
+        "ZeRO-1": zero1.handed,
+        "ZeRO-1, naive": naive["zero1"].handed,
+    }
+    wire = {k: {op: wire_bytes(op, n, w) for op, n in ops.items()} for k, ops in handed.items()}
+    as_run = {
+        k: {op: wire_bytes(op, n, w, ctx.backend) for op, n in ops.items()}
+        for k, ops in handed.items()
+    }
+    sent = {
+        k: r["steps"][-1]["sent"] for k, r in (("DDP", d), ("ZeRO-1", z), ("ZeRO-1, naive", naive))
+    }
     write_result(
         args.out,
         ctx,
         {
-            "world_size": ctx.world_size,
+            "world_size": w,
             "parameters": numel,
             "shard": (zero1.start, zero1.stop),
-            "padding": zero1.padded - numel,
-            "max param diff per step": diffs,
-            "losses": losses,
-            "full Adam bytes": state_bytes(full),
+            "padding": w * zero1.size - numel,
+            "max param diff per step": [
+                (a - b).abs().max().item() for a, b in zip(d["params"], z["params"])
+            ],
+            "naive max param diff per step": [
+                (a - b).abs().max().item() for a, b in zip(naive["params"], z["params"])
+            ],
+            "max grad diff per step": d["grad diffs"],
+            "losses": [s["loss"] for s in z["steps"]],
+            "full Adam bytes": state_bytes(d["opt"]),
             "ZeRO-1 bytes": state_bytes(zero1.opt),
-            "all-reduced bytes per step": numel * 4,
-            "all-gathered bytes per step": zero1.gathered,
+            "handed bytes per step": handed,
+            "wire bytes per step": wire,
+            "backend": ctx.backend,
+            "wire bytes per step as the backend runs them": as_run,
+            "bytes written per step": sent,
+            "formulas": formulas,
+            "memory": {
+                "DDP": memory(d["steps"], formulas["DDP"], ddp_counters),
+                "ZeRO-1": memory(
+                    z["steps"], formulas["ZeRO-1"], state_bytes(zero1.opt)["step counters"]
+                ),
+                "ZeRO-1, naive": memory(
+                    naive["steps"],
+                    formulas["ZeRO-1"],
+                    state_bytes(naive["zero1"].opt)["step counters"],
+                ),
+            },
+            "meter": z["meter"],
         },
     )
     log(
         ctx,
-        f"Adam moments per rank: {state_bytes(full)['moments']:,} B unsharded, "
-        f"{state_bytes(zero1.opt)['moments']:,} B with ZeRO-1; largest difference {max(diffs):.1e}",
+        f"bytes alive per rank after a step: DDP {d['steps'][-1]['after']:,}, ZeRO-1 "
+        f"{z['steps'][-1]['after']:,}; on the wire per step, a ring (NCCL): DDP "
+        f"{sum(wire['DDP'].values()):,.0f}, ZeRO-1 {sum(wire['ZeRO-1'].values()):,.0f}; as "
+        f"{ctx.backend} runs them: DDP {sum(as_run['DDP'].values()):,.0f}, ZeRO-1 "
+        f"{sum(as_run['ZeRO-1'].values()):,.0f}",
     )
 
 
