@@ -75,15 +75,19 @@ Chapter 8, build it yourself
   by recomputation, in plain PyTorch
 - ``helpers.attention_tiles``: the rounding bound the attention checks use, and saved bytes
   against the sequence length
-- ``helpers.attention_triton``: the same forward as one Triton kernel (compiled on a GPU,
-  interpreted on a CPU), and whether Triton can run here
+- ``helpers.attention_errors``: judging a kernel as FlashAttention's tests do (its error
+  against float64, against PyTorch's in the same dtype), and the gallery of planted bugs
+- ``helpers.attention_triton``: the same forward and its backward as Triton kernels (compiled
+  on a GPU, interpreted on a CPU), and whether Triton can run here
 - ``helpers.attention_timing``: SDPA, the tiles, the written-out attention and Triton timed
-  side by side, with their memory
-- ``helpers.comm_overlap``: spans of communication against compute (hidden and exposed),
-  gradient buckets, flat-vector shards, ranges labelled for the profiler and NVTX, the
-  Nsight Systems command
+  side by side, with their memory; forward and backward timed for training
+- ``helpers.comm_overlap``: spans of communication against compute, gradient buckets, a
+  ring's bytes on the wire, the alpha-beta fit, flat-vector shards, ranges labelled for the
+  profiler and NVTX, the Nsight Systems command with its capture range
 - ``helpers.dp_by_hand``: reading the data-parallel runs: the gradients' rounding bound,
   tables, the overlap plot, a profiler trace read back
+- ``helpers.sharding``: ZeRO and FSDP measured: live tensor bytes per rank (the CUDA allocator,
+  else a dispatch mode), the ZeRO paper's per-rank formulas, a ring's bytes on the wire
 - ``helpers.scripts``: ``dp_by_hand.py`` (four ways against DDP), ``zero1_by_hand.py``,
   ``fsdp_by_hand.py``, and ``ch08_exercise_check.py`` for the exercise checks
 """
