@@ -277,3 +277,50 @@ def test_plots_use_an_installed_cjk_font(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setattr(font_manager.fontManager, "ttflist", [fake])
         assert use_cjk_font() == "Noto Sans CJK SC"
         assert matplotlib.rcParams["font.sans-serif"][0] == "Noto Sans CJK SC"
+        # Debian's fonts-noto-cjk under matplotlib < 3.11: only the .ttc's first, Japanese font
+        jp = font_manager.FontEntry(fname="NotoSansCJK-Regular.ttc", name="Noto Sans CJK JP")
+        monkeypatch.setattr(font_manager.fontManager, "ttflist", [jp])
+        assert use_cjk_font() == "Noto Sans CJK JP"
+        monkeypatch.setattr(font_manager.fontManager, "ttflist", [jp, fake])
+        assert use_cjk_font() == "Noto Sans CJK SC", "the Chinese shapes first where both are"
+
+
+@pytest.mark.parametrize(
+    ("markdown", "broken"),
+    [
+        ("第一句话，\n第二句话。", True),
+        ("- 列表的第一项很长，\n  它的续行。", True),
+        ("中文句子里的\n`code` 前后", False),  # a space before code is the house style
+        ("- 第一项\n- 第二项", False),
+        ("## 标题\n正文", False),
+        ("| 表头 |\n|---|\n| 中文 |", False),
+        ("```\n代码\n代码\n```", False),
+        ("第一句话，\n\n第二段。", False),
+    ],
+)
+def test_a_hard_line_break_inside_a_chinese_paragraph_is_found(markdown: str, broken: bool) -> None:
+    """Issue 32: a newline between two Chinese characters renders as a stray space."""
+    assert bool(translate.hard_breaks(markdown)) is broken
+    po = polib.POFile()
+    po.append(polib.POEntry(msgctxt="cell-001", msgid="x", msgstr=markdown, comment="markdown"))
+    assert (
+        any("line break inside a Chinese paragraph" in p for p in translate.problems(po, "t"))
+        is broken
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "flagged"),
+    [
+        ("选放得下的批次里*最快*的", True),
+        ("之所以**报告**支持 bf16", True),
+        ("每次乘加是 2 个 FLOP（2*m*k*n）", False),
+        ("2**-14 - 2**-26 位于最大次正规数之间", False),
+        ("它的梯度是展平梯度的第 rank*s .. (rank+1)*s 个元素", False),
+    ],
+)
+def test_markdown_emphasis_in_a_runtime_message_is_found(message: str, flagged: bool) -> None:
+    """Issue 32: a checker's hint printed 「之所以*报告*支持」, asterisks and all."""
+    po = polib.POFile()
+    po.append(polib.POEntry(msgid="english", msgstr=message))
+    assert any("asterisks" in p for p in translate.problems(po, "t")) is flagged

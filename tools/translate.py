@@ -63,6 +63,18 @@ CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK_TARGET = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.DOTALL)
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+#: Markdown emphasis around Chinese words (*最快*), which a printed message shows literally.
+EMPHASIS = re.compile(
+    r"(?<![A-Za-z0-9_*])\*{1,2}[^\s*][^*]*?[\u4e00-\u9fff][^*]*?\*{1,2}(?![A-Za-z0-9_*])"
+)
+#: Chinese characters and full-width punctuation, at a line's end or start (hard_breaks).
+CJK_END = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]$")
+CJK_START = re.compile(r"\s*[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+#: A markdown line that is not paragraph text: blank, list item, heading, quote, table, fence,
+#: HTML, display math, indented code.
+STRUCTURAL = re.compile(r"\s*$|\s*([-*+#>]\s|\d+\.\s|```|\$\$|<|\|)| {4}")
+#: A line whose end is not paragraph text (a heading, table row, HTML, math or a fence).
+NOT_TEXT = re.compile(r"\s*$|\s*(#|\||<|\$\$|```)")
 HELPERS = ROOT / "helpers"
 HELPER_CATALOGS = CATALOGS / "helpers"
 MO_PATH = HELPERS / "locale" / LANG / "LC_MESSAGES" / "helpers.mo"
@@ -336,6 +348,11 @@ def problems(po: polib.POFile, path: str) -> list[str]:
             out.append(f"{where}: untranslated")
         elif e.msgctxt is None and placeholder_problem(e):  # a helper's tr("... {x}") message
             out.append(f"{where}: {placeholder_problem(e)}")
+        elif e.msgctxt is None and EMPHASIS.search(e.msgstr):
+            out.append(
+                f"{where}: {EMPHASIS.search(e.msgstr).group(0)!r} prints its asterisks as they are "
+                "(a runtime message is plain text): drop them or use quotation marks"
+            )
         elif e.comment == "trailing comment" and "\n" in e.msgstr:
             out.append(f"{where}: a comment after code must stay on one line")
         elif e.comment == "markdown":
@@ -352,7 +369,24 @@ def problems(po: polib.POFile, path: str) -> list[str]:
                         f"{where}: {name} {lost[0][:50]!r} is not in the translation (keep it as it is)"
                     )
                     break
+            else:
+                out += [f"{where}: {b}" for b in hard_breaks(e.msgstr)[:1]]
     return out
+
+
+def hard_breaks(markdown: str) -> list[str]:
+    """Line breaks between two Chinese characters inside a paragraph (they render as a space)."""
+    found, fence, lines = [], False, markdown.split("\n")
+    for a, b in zip(lines, lines[1:]):
+        fence ^= a.lstrip().startswith("```")
+        if fence or STRUCTURAL.match(b) or NOT_TEXT.match(a) or a.endswith("  "):
+            continue
+        if CJK_END.search(a) and CJK_START.match(b):
+            found.append(
+                f"a line break inside a Chinese paragraph ({a[-8:]!r} / {b.lstrip()[:8]!r}) "
+                "shows as a stray space: join the two lines"
+            )
+    return found
 
 
 def helper_messages() -> dict[str, list[str]]:
