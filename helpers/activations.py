@@ -16,13 +16,22 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import checkpoint
 
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 from helpers.tables import format_table
 from helpers.timing import BenchResult
 from helpers.units import MiB, Printed, format_bytes
 from helpers.validate import positive_int
 from helpers.verdicts import Verdict, compare_rows
+
+#: The column headers of the tables this module returns and prints, for the catalog: the rows
+#: keep the English keys (notebooks look them up); format_table prints them translated.
+_COLUMNS = (
+    tr_mark("shape"), tr_mark("MiB"), tr_mark("checkpointing"), tr_mark("saved MiB"),
+    tr_mark("FLOPs vs plain"), tr_mark("median ms"), tr_mark("IQR ms"), tr_mark("time vs plain"),
+    tr_mark("layer"), tr_mark("output shape"), tr_mark("keeps"), tr_mark("bytes"),
+    tr_mark("weight-copy bytes"),
+)  # fmt: skip
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef | None, int]:
@@ -44,8 +53,10 @@ class ActivationMeter(saved_tensors_hooks):
         for src in exclude:
             if not isinstance(src, (nn.Module, torch.Tensor)):
                 raise TypeError(
-                    f"ActivationMeter excludes modules or tensors, got {type(src).__name__}: "
-                    "pass the model (its parameters are not activations)."
+                    tr(
+                        "ActivationMeter excludes modules or tensors, got {type}: "
+                        "pass the model (its parameters are not activations)."
+                    ).format(type=type(src).__name__)
                 )
             tensors = [*src.parameters(), *src.buffers()] if isinstance(src, nn.Module) else [src]
             self._excluded.update(_storage_key(t)[0] for t in tensors)
@@ -81,13 +92,22 @@ class ActivationMeter(saved_tensors_hooks):
 def checkpointed_forward(model: nn.Sequential, x: torch.Tensor, every: int) -> torch.Tensor:
     """Run `model` in segments of `every` children, each under checkpoint(use_reentrant=False) (chapter 5)."""
     if not isinstance(model, nn.Sequential):
-        raise TypeError(f"checkpointed_forward needs an nn.Sequential, got {type(model).__name__}.")
+        raise TypeError(
+            tr("checkpointed_forward needs an nn.Sequential, got {type}.").format(
+                type=type(model).__name__
+            )
+        )
     every = positive_int(every, "every")
     children = list(model)
     for start in range(0, len(children), every):
         segment = nn.Sequential(*children[start : start + every])
         x = checkpoint(segment, x, use_reentrant=False)
     return x
+
+
+#: CheckpointCost's default name of the plain step, for the catalog: a variant's name prints
+#: translated where the catalog has it (the notebook's own names print as given).
+_NO_CHECKPOINTING = tr_mark("no checkpointing")
 
 
 @dataclass(repr=False)
@@ -98,23 +118,29 @@ class CheckpointCost(Printed):
     timings: dict[str, BenchResult]  # by variant name, the plain step's included
     flops: dict[str, int]  # FLOPs of one step, recomputation included (FlopCounterMode)
     saved: dict[str, int]  # bytes saved for backward in one forward (ActivationMeter)
-    base: str = "no checkpointing"
+    base: str = _NO_CHECKPOINTING
 
     def __post_init__(self) -> None:
         names = set(self.timings)
         if self.base not in names or set(self.flops) != names or set(self.saved) != names:
             raise ValueError(
-                f"CheckpointCost needs timings, FLOPs and saved bytes for the same variants, "
-                f"{self.base!r} among them; got {sorted(self.timings)}, {sorted(self.flops)}, "
-                f"{sorted(self.saved)}."
+                tr(
+                    "CheckpointCost needs timings, FLOPs and saved bytes for the same variants, "
+                    "{base!r} among them; got {timings}, {flops}, {saved}."
+                ).format(
+                    base=self.base,
+                    timings=sorted(self.timings),
+                    flops=sorted(self.flops),
+                    saved=sorted(self.saved),
+                )
             )
 
     def rows(self) -> list[dict[str, Any]]:
-        """The printed table: one row per variant, numbers kept as numbers (chapter 5)."""
+        """The printed table: one row per variant, numbers kept as numbers, names translated where the catalog has them (chapter 5)."""
         base = self.timings[self.base]
         return [
             {
-                "checkpointing": name,
+                "checkpointing": tr(name),
                 "saved MiB": self.saved[name] / MiB,
                 "FLOPs vs plain": f"{self.flops[name] / self.flops[self.base]:.2f}x",
                 "median ms": r.median * 1e3,
@@ -139,8 +165,8 @@ class CheckpointCost(Printed):
         return compare_rows(
             self.rows(),
             "checkpointing",
-            name,
-            self.base,
+            tr(name),
+            tr(self.base),
             "median ms",
             iqr="IQR ms",
             higher_is_better=True,  # a longer step is "more": the verdict says which was slower
@@ -156,7 +182,7 @@ class CheckpointCost(Printed):
             return tr(
                 "{name}: saved {saved} of {total} for backward, {extra:+.0%} FLOPs; {verdict}"
             ).format(
-                name=name,
+                name=tr(name),
                 saved=format_bytes(base_bytes - self.saved[name]),
                 total=format_bytes(base_bytes),
                 extra=extra,
@@ -173,7 +199,7 @@ class CheckpointCost(Printed):
                 "{extra:+.0%} FLOPs; {verdict}"
             )
         return text.format(
-            name=name, kept=format_bytes(self.saved[name]), extra=extra, verdict=verdict
+            name=tr(name), kept=format_bytes(self.saved[name]), extra=extra, verdict=verdict
         )
 
     def __str__(self) -> str:
@@ -208,7 +234,9 @@ def measure_activation_bytes(
 ) -> int:
     """Bytes saved for backward by one forward of `model` on `x`, measured with the meter (chapter 5)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor (a batch of inputs), got {type(x).__name__}.")
+        raise TypeError(
+            tr("x must be a tensor (a batch of inputs), got {type}.").format(type=type(x).__name__)
+        )
     with ActivationMeter(model) as meter, autocast_context(x.device.type, autocast_dtype):
         out = checkpointed_forward(model, x, checkpoint_every) if checkpoint_every else model(x)
     del out  # the meter keeps the bytes it read
@@ -255,8 +283,10 @@ def _leaves(model: nn.Module) -> list[nn.Module]:
     """The layers of a (nested) nn.Sequential in execution order (chapter 5)."""
     if not isinstance(model, nn.Sequential):
         raise TypeError(
-            f"The analytic count follows an nn.Sequential, got {type(model).__name__}. "
-            "For other models, measure with ActivationMeter instead."
+            tr(
+                "The analytic count follows an nn.Sequential, got {type}. "
+                "For other models, measure with ActivationMeter instead."
+            ).format(type=type(model).__name__)
         )
     out: list[nn.Module] = []
     for child in model:
@@ -278,15 +308,17 @@ def _matmul_layer(
     """Linear and Conv2d: the input (cast under autocast) and, if needed, a weight copy (chapter 5)."""
     conv = isinstance(layer, nn.Conv2d)
     if not conv and v.shape[-1] != layer.in_features:
-        raise ValueError(f"{layer} got inputs with {v.shape[-1]} features.")
+        raise ValueError(
+            tr("{layer} got inputs with {n} features.").format(layer=layer, n=v.shape[-1])
+        )
     if conv and v.shape[-3] != layer.in_channels:
-        raise ValueError(f"{layer} got {v.shape[-3]} input channels.")
+        raise ValueError(tr("{layer} got {n} input channels.").format(layer=layer, n=v.shape[-3]))
     shape = _out_shape(layer, v.shape)
     w = layer.weight
     out_rg = v.requires_grad or any(p.requires_grad for p in layer.parameters())
     compute = amp or v.dtype
     if not out_rg:
-        return _Step(_Value(shape, compute, False), "nothing (no gradient needed)")
+        return _Step(_Value(shape, compute, False), tr("nothing (no gradient needed)"))
     inp = v if v.dtype == compute else _Value(v.shape, compute, v.requires_grad)
     step = _Step(_Value(shape, compute, True), "")
     kept = []
@@ -295,19 +327,23 @@ def _matmul_layer(
     if conv or w.requires_grad:
         added = _save(saved, inp)
         step.added += added
-        kept.append("input" + (f" ({_short(compute)} copy)" if inp is not v else ""))
-        kept[-1] += "" if added else " (already counted)"
+        what = (
+            tr("input ({dtype} copy)").format(dtype=_short(compute))
+            if inp is not v
+            else tr("input")
+        )
+        kept.append(what if added else tr("{what} (already counted)").format(what=what))
     if (conv or v.requires_grad) and w.dtype != compute:
         copy = _save(saved, _Value(tuple(w.shape), compute, False))
         step.added, step.copies = step.added + copy, copy
-        kept.append(f"weight ({_short(compute)} copy)")
-    step.keeps = " + ".join(kept) or "nothing"
+        kept.append(tr("weight ({dtype} copy)").format(dtype=_short(compute)))
+    step.keeps = " + ".join(kept) or tr("nothing")
     return step
 
 
 _SAVES_OUTPUT = (nn.ReLU, nn.Sigmoid, nn.Tanh)
 _SAVES_INPUT = (nn.GELU, nn.SiLU, nn.MaxPool2d)
-_VIEWS = {nn.Flatten: "nothing (a view)", nn.Identity: "nothing"}
+_VIEWS = {nn.Flatten: tr_mark("nothing (a view)"), nn.Identity: tr_mark("nothing")}
 
 
 def _layer(layer: nn.Module, v: _Value, saved: set[int], amp: torch.dtype | None) -> _Step:
@@ -316,25 +352,27 @@ def _layer(layer: nn.Module, v: _Value, saved: set[int], amp: torch.dtype | None
         return _matmul_layer(layer, v, saved, amp)
     if not isinstance(layer, (*_SAVES_OUTPUT, *_SAVES_INPUT, *_VIEWS)):
         raise TypeError(
-            f"The analytic count does not know what {type(layer).__name__} saves for backward. "
-            "Supported layers: Linear, Conv2d, ReLU, Sigmoid, Tanh, GELU, SiLU, MaxPool2d, "
-            "Flatten, Identity. Measure other models with ActivationMeter."
+            tr(
+                "The analytic count does not know what {type} saves for backward. "
+                "Supported layers: Linear, Conv2d, ReLU, Sigmoid, Tanh, GELU, SiLU, MaxPool2d, "
+                "Flatten, Identity. Measure other models with ActivationMeter."
+            ).format(type=type(layer).__name__)
         )
     if isinstance(layer, nn.MaxPool2d) and layer.return_indices:
-        raise ValueError("The analytic count does not support MaxPool2d(return_indices=True).")
+        raise ValueError(tr("The analytic count does not support MaxPool2d(return_indices=True)."))
     shape = _out_shape(layer, v.shape)
     if type(layer) in _VIEWS:
-        return _Step(_Value(shape, v.dtype, v.requires_grad, v.key), _VIEWS[type(layer)])
+        return _Step(_Value(shape, v.dtype, v.requires_grad, v.key), tr(_VIEWS[type(layer)]))
     out = v if getattr(layer, "inplace", False) else _Value(shape, v.dtype, v.requires_grad)
     if not v.requires_grad:
-        return _Step(out, "nothing (no gradient needed)")
+        return _Step(out, tr("nothing (no gradient needed)"))
     if isinstance(layer, _SAVES_OUTPUT):
-        return _Step(out, "output", _save(saved, out))
+        return _Step(out, tr("output"), _save(saved, out))
     added = _save(saved, v)
-    what = "input" if added else "input (already counted)"
+    what = tr("input") if added else tr("{what} (already counted)").format(what=tr("input"))
     if isinstance(layer, nn.MaxPool2d):
         indices = _save(saved, _Value(shape, torch.int64, False))
-        return _Step(out, f"{what} + int64 indices", added + indices)
+        return _Step(out, tr("{what} + int64 indices").format(what=what), added + indices)
     return _Step(out, what, added)
 
 
@@ -348,7 +386,7 @@ def activation_table(
 ) -> list[dict[str, Any]]:
     """Per layer: output shape, what CPU/CUDA autograd keeps and the bytes that adds, from shapes alone (chapter 5)."""
     batch_size = positive_int(batch_size, "batch_size")
-    shape = tuple(positive_int(s, "each entry of sample_shape") for s in sample_shape)
+    shape = tuple(positive_int(s, tr("each entry of sample_shape")) for s in sample_shape)
     layers = _leaves(model)  # checks that the model is an nn.Sequential
     every = positive_int(checkpoint_every, "checkpoint_every") if checkpoint_every else 1
     units = list(model) if checkpoint_every else layers
@@ -364,7 +402,7 @@ def activation_table(
             for layer in inner:
                 out = _layer(layer, out, scratch, autocast_dtype).out
             names = "+".join(type(m).__name__ for m in inner)
-            step = _Step(out, "segment input only", _save(saved, v))
+            step = _Step(out, tr("segment input only"), _save(saved, v))
             label = f"checkpoint({names})"
         else:
             step = _layer(inner[0], v, saved, autocast_dtype)

@@ -13,6 +13,7 @@ from torch import nn
 from helpers.devices import BF16_CAPABILITY, describe_device, resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, parse_precision
+from helpers.i18n import tr
 from helpers.units import Printed
 from helpers.validate import first_line
 
@@ -41,7 +42,9 @@ class AmpChoice(Printed):
 
     def __str__(self) -> str:
         scaler = " + GradScaler" if self.use_scaler else ""
-        return f"{self.name}{scaler}: {self.reason}"
+        return tr("{name}{scaler}: {reason}").format(
+            name=self.name, scaler=scaler, reason=self.reason
+        )
 
 
 def _described(desc: Any) -> dict[str, Any]:
@@ -50,8 +53,10 @@ def _described(desc: Any) -> dict[str, Any]:
     kind = d.get("kind")
     if not isinstance(kind, str) or not kind.strip():
         raise PrecisionError(
-            "A device description needs a 'kind' such as 'cuda', 'rocm', 'cpu' or 'mps' "
-            f"(a DeviceInfo from describe_device() has one); got {kind!r}."
+            tr(
+                "A device description needs a 'kind' such as 'cuda', 'rocm', 'cpu' or 'mps' "
+                "(a DeviceInfo from describe_device() has one); got {kind!r}."
+            ).format(kind=kind)
         )
     d["kind"] = kind.strip().lower()
     if (cc := d.get("compute_capability")) is not None:
@@ -59,7 +64,9 @@ def _described(desc: Any) -> dict[str, Any]:
             major, minor = (int(v) for v in cc)
         except (TypeError, ValueError):
             raise PrecisionError(
-                f"compute_capability must be a (major, minor) pair such as (8, 0); got {cc!r}."
+                tr(
+                    "compute_capability must be a (major, minor) pair such as (8, 0); got {cc!r}."
+                ).format(cc=cc)
             ) from None
         d["compute_capability"] = (major, minor)
     if isinstance(d.get("cpu_flags"), str):
@@ -100,48 +107,69 @@ def _auto_choice(desc: dict[str, Any]) -> AmpChoice:
     if kind == "cuda":
         if cc is None:
             raise PrecisionError(
-                "A CUDA description needs compute_capability, e.g. (7, 5) for a T4 or (8, 0) "
-                "for an A100: that is what decides bf16 vs fp16."
+                tr(
+                    "A CUDA description needs compute_capability, e.g. (7, 5) for a T4 or (8, 0) "
+                    "for an A100: that is what decides bf16 vs fp16."
+                )
             )
-        where = f"compute capability {cc[0]}.{cc[1]}"
+        where = tr("compute capability {major}.{minor}").format(major=cc[0], minor=cc[1])
         if bf16_is_native(desc):
             need = "{}.{}".format(*BF16_CAPABILITY)
-            return _pick(bf16, f"{where} >= {need}: bf16 tensor cores, fp32's range, no scaler")
+            return _pick(
+                bf16,
+                tr("{where} >= {need}: bf16 tensor cores, fp32's range, no scaler").format(
+                    where=where, need=need
+                ),
+            )
         if cc >= (7, 0):
             return _pick(
                 fp16,
-                f"{where}: fp16 tensor cores but no bf16 ones "
-                f"(torch may *report* bf16 because it can emulate it, slowly); fp16 needs a GradScaler",
+                tr(
+                    "{where}: fp16 tensor cores but no bf16 ones (torch may *report* bf16 "
+                    "because it can emulate it, slowly); fp16 needs a GradScaler"
+                ).format(where=where),
             )
         return _pick(
             torch.float32,
-            f"{where} < 7.0: no tensor cores, so AMP saves memory at "
-            f"best and fp16 math can be slower than fp32; measure before switching it on",
+            tr(
+                "{where} < 7.0: no tensor cores, so AMP saves memory at best and fp16 math can "
+                "be slower than fp32; measure before switching it on"
+            ).format(where=where),
         )
     if kind == "cpu":
         if bf16_is_native(desc):
-            return _pick(bf16, "this CPU has bf16 instructions (AVX512-BF16 or AMX): bf16 autocast")
+            return _pick(
+                bf16, tr("this CPU has bf16 instructions (AVX512-BF16 or AMX): bf16 autocast")
+            )
         return _pick(
             torch.float32,
-            "this CPU has no bf16 units: bf16 autocast is emulated and was measured at 0.22x fp32 "
-            "speed on such a CPU, fp16 slower still; keep fp32",
+            tr(
+                "this CPU has no bf16 units: bf16 autocast is emulated and was measured at 0.22x "
+                "fp32 speed on such a CPU, fp16 slower still; keep fp32"
+            ),
         )
     if kind == "rocm":
         if bf16_is_native(desc):
             return _pick(
                 bf16,
-                f"AMD GPU{' ' + name if name else ''} with bf16: bf16 autocast, no scaler",
+                tr("AMD GPU{name} with bf16: bf16 autocast, no scaler").format(
+                    name=" " + name if name else ""
+                ),
             )
-        return _pick(fp16, "AMD GPU without bf16: fp16 autocast with a GradScaler")
+        return _pick(fp16, tr("AMD GPU without bf16: fp16 autocast with a GradScaler"))
     if kind == "mps":
         return _pick(
             fp16,
-            "Apple GPU: fp16 runs natively on every M-series chip; fp16 needs a GradScaler "
-            "(GradScaler on MPS needs a recent torch)",
+            tr(
+                "Apple GPU: fp16 runs natively on every M-series chip; fp16 needs a GradScaler "
+                "(GradScaler on MPS needs a recent torch)"
+            ),
         )
     if kind == "xpu":
-        return _pick(bf16, "Intel GPU: bf16 in hardware (XMX), no scaler")
-    return _pick(torch.float32, f"no AMP rule for device kind {kind!r}: keep fp32")
+        return _pick(bf16, tr("Intel GPU: bf16 in hardware (XMX), no scaler"))
+    return _pick(
+        torch.float32, tr("no AMP rule for device kind {kind!r}: keep fp32").format(kind=kind)
+    )
 
 
 def choose_amp_dtype(
@@ -154,34 +182,51 @@ def choose_amp_dtype(
         return auto
     dtype = parse_precision(prefer)
     if dtype == torch.float32:
-        return AmpChoice(torch.float32, False, "fp32 requested: AMP off")
+        return AmpChoice(torch.float32, False, tr("fp32 requested: AMP off"))
     kind = desc["kind"]
     if not torch.amp.is_autocast_available("cuda" if kind == "rocm" else kind):
         raise PrecisionError(
-            f"{dtype_name(dtype)} cannot run on a {kind!r} device: torch has no autocast for it. "
-            f"Use 'fp32', or a cpu / cuda / mps / xpu device."
+            tr(
+                "{dtype} cannot run on a {kind!r} device: torch has no autocast for it. "
+                "Use 'fp32', or a cpu / cuda / mps / xpu device."
+            ).format(dtype=dtype_name(dtype), kind=kind)
         )
     if kind == "mps" and dtype == torch.bfloat16 and not desc.get("bf16_native"):
         raise PrecisionError(
-            "bf16 cannot run on this MPS device (it needs macOS 14 or newer). Use 'fp16' with a GradScaler."
+            tr(
+                "bf16 cannot run on this MPS device (it needs macOS 14 or newer). "
+                "Use 'fp16' with a GradScaler."
+            )
         )
     slow = None
     if dtype == torch.bfloat16 and not bf16_is_native(desc) and kind in ("cuda", "cpu"):
-        what = "this GPU" if kind == "cuda" else "this CPU"
-        slow = f"{what} has no bf16 units, so bf16 is emulated (torch may still report it as supported)"
+        if kind == "cuda":
+            slow = tr(
+                "this GPU has no bf16 units, so bf16 is emulated (torch may still report it as "
+                "supported)"
+            )
+        else:
+            slow = tr(
+                "this CPU has no bf16 units, so bf16 is emulated (torch may still report it as "
+                "supported)"
+            )
     if dtype == torch.float16 and kind == "cpu" and not _cpu_has(desc, CPU_FP16_FLAGS):
-        slow = (
+        slow = tr(
             "fp16 autocast on a CPU without AVX512-FP16/AMX-FP16 runs through slow fallback "
             "kernels (chapter 3's last table measures how slow on this CPU)"
         )
     if slow is not None and not allow_slow:
-        better = auto.name + (" with a GradScaler" if auto.use_scaler else "")
-        raise PrecisionError(
-            f"{dtype_name(dtype)} cannot run at a useful speed here: {slow}. Use {better} "
-            f"instead, or pass allow_slow=True to run it anyway (e.g. for a tiny demo)."
+        better = (
+            tr("{name} with a GradScaler").format(name=auto.name) if auto.use_scaler else auto.name
         )
-    why = "requested" + (f", although {slow}" if slow else "")
-    return _pick(dtype, why + ("; fp16 needs a GradScaler" if dtype == torch.float16 else ""))
+        raise PrecisionError(
+            tr(
+                "{dtype} cannot run at a useful speed here: {slow}. Use {better} instead, or "
+                "pass allow_slow=True to run it anyway (e.g. for a tiny demo)."
+            ).format(dtype=dtype_name(dtype), slow=slow, better=better)
+        )
+    why = tr("requested, although {slow}").format(slow=slow) if slow else tr("requested")
+    return _pick(dtype, why + (tr("; fp16 needs a GradScaler") if dtype == torch.float16 else ""))
 
 
 def check_autocast(device: str | torch.device, dtype: str | torch.dtype) -> torch.dtype:
@@ -192,7 +237,9 @@ def check_autocast(device: str | torch.device, dtype: str | torch.dtype) -> torc
         return dtype
     if not torch.amp.is_autocast_available(device.type):
         raise PrecisionError(
-            f"torch has no autocast for {device.type!r} devices: use 'fp32' there."
+            tr("torch has no autocast for {kind!r} devices: use 'fp32' there.").format(
+                kind=device.type
+            )
         )
     layer = nn.Linear(4, 4).to(device)
     try:
@@ -203,14 +250,19 @@ def check_autocast(device: str | torch.device, dtype: str | torch.dtype) -> torc
             out.float().sum().backward()
     except (RuntimeError, TypeError) as exc:
         raise PrecisionError(
-            f"{dtype_name(dtype)} autocast cannot run on {device} ({first_line(exc)}). Use 'fp32' or another precision."
+            tr(
+                "{dtype} autocast cannot run on {device} ({error}). Use 'fp32' or another precision."
+            ).format(dtype=dtype_name(dtype), device=device, error=first_line(exc))
         ) from None
     disabled = [str(w.message) for w in caught if "autocast" in str(w.message).lower()]
     if out.dtype != dtype:
-        why = f" torch said: {disabled[0].splitlines()[0]}" if disabled else ""
+        said = disabled[0].splitlines()[0] if disabled else ""
+        why = " " + tr("torch said: {message}").format(message=said) if disabled else ""
         raise PrecisionError(
-            f"{dtype_name(dtype)} autocast cannot run on {device}: a Linear came out as "
-            f"{dtype_name(out.dtype)}, so autocast switched itself off.{why} Use 'fp32' or another precision."
+            tr(
+                "{dtype} autocast cannot run on {device}: a Linear came out as {got}, so "
+                "autocast switched itself off.{why} Use 'fp32' or another precision."
+            ).format(dtype=dtype_name(dtype), device=device, got=dtype_name(out.dtype), why=why)
         )
     return dtype
 
@@ -259,13 +311,17 @@ def amp_for_device(
     if choice.use_scaler and not grad_scaler_works(device):
         if prefer != "auto":
             raise PrecisionError(
-                f"fp16 needs a GradScaler, and torch.amp.GradScaler({device.type!r}) does not work "
-                f"with this torch {torch.__version__}. Upgrade torch, or use 'bf16' / 'fp32'."
+                tr(
+                    "fp16 needs a GradScaler, and torch.amp.GradScaler({kind!r}) does not work "
+                    "with this torch {version}. Upgrade torch, or use 'bf16' / 'fp32'."
+                ).format(kind=device.type, version=torch.__version__)
             )
         return _pick(
             torch.float32,
-            f"fp16 would need a GradScaler, which this torch {torch.__version__} lacks on "
-            f"{device.type}; keep fp32 (or upgrade torch)",
+            tr(
+                "fp16 would need a GradScaler, which this torch {version} lacks on {kind}; "
+                "keep fp32 (or upgrade torch)"
+            ).format(version=torch.__version__, kind=device.type),
         )
     return choice
 
@@ -286,5 +342,7 @@ def demo_dtype(device: str | torch.device, choice: AmpChoice) -> torch.dtype:
         except PrecisionError:
             continue
     raise PrecisionError(
-        f"Neither fp16 nor bf16 autocast runs on {device}: AMP is not available here."
+        tr("Neither fp16 nor bf16 autocast runs on {device}: AMP is not available here.").format(
+            device=device
+        )
     )

@@ -5,6 +5,7 @@ machine's state), and whether AMP moved the final loss more than a new seed does
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,16 +47,18 @@ def default_batch_sizes(device: str | torch.device) -> tuple[int, ...]:
 def memory_meter(device: str | torch.device) -> str:
     """What measure_amp_step's 'peak MiB' column means on this kind of device (chapter 3)."""
     kind = torch.device(device).type
-    what = (
+    what = tr(
         "peak during one step over the memory held before it (parameters, optimizer state, batch)"
     )
     if kind == "cuda":
-        return f"{what}: torch.cuda.max_memory_allocated, exact"
+        return tr("{what}: torch.cuda.max_memory_allocated, exact").format(what=what)
     if kind == "mps":
-        return f"{what}: MPS allocated memory sampled every ms, approximate"
+        return tr("{what}: MPS allocated memory sampled every ms, approximate").format(what=what)
     if kind == "cpu":
-        return f"{what}: every CPU allocation and free recorded by torch.profiler, exact"
-    return f"not measured on {kind}: no peak meter for this device kind here"
+        return tr("{what}: every CPU allocation and free recorded by torch.profiler, exact").format(
+            what=what
+        )
+    return tr("not measured on {kind}: no peak meter for this device kind here").format(kind=kind)
 
 
 def step_peak_bytes(fn: Callable[[], object], device: str | torch.device) -> float:
@@ -114,6 +117,15 @@ class _Step:
         # Drop the last step's gradients: "held before" is what a loop holds between steps.
         self.opt.zero_grad(set_to_none=True)
         return step_peak_bytes(self, self.device), saved
+
+
+#: The column headers of the sweep's and time_tf32's tables, for the catalog: the rows keep the
+#: English keys (verdicts and notebooks look them up); format_table prints them translated.
+_COLUMNS = (
+    tr_mark("precision"), tr_mark("batch size"), tr_mark("ms/step"), tr_mark("IQR ms"),
+    tr_mark("samples/s"), tr_mark("peak MiB"), tr_mark("saved MiB"), tr_mark("vs fp32"),
+    tr_mark("matmul"), tr_mark("shape"), tr_mark("ms"), tr_mark("TFLOP/s"),
+)  # fmt: skip
 
 
 def _measure_amp_step(
@@ -179,7 +191,7 @@ class AmpSweep(Printed):
         for precision, result in self.results.items():
             for r in result.rows:
                 ref = base.get(r["batch size"])
-                speedup = f"{r['samples/s'] / ref:.2f}x" if ref else "n/a"
+                speedup = f"{r['samples/s'] / ref:.2f}x" if ref else tr("n/a")
                 rows.append({"precision": precision, **r, "vs fp32": speedup})
         return rows
 
@@ -188,11 +200,19 @@ class AmpSweep(Printed):
 
         def rate(p: str) -> float:
             if p not in self.results:
-                raise KeyError(f"{p} was not measured; measured: {', '.join(self.results)}.")
+                raise KeyError(
+                    tr("{precision} was not measured; measured: {measured}.").format(
+                        precision=p, measured=", ".join(self.results)
+                    )
+                )
             for r in self.results[p].rows:
                 if r["batch size"] == batch_size:
                     return r["samples/s"]
-            raise KeyError(f"batch size {batch_size} was not measured for {p}.")
+            raise KeyError(
+                tr("batch size {batch_size} was not measured for {precision}.").format(
+                    batch_size=batch_size, precision=p
+                )
+            )
 
         return rate(precision) / rate("fp32")
 
@@ -213,15 +233,22 @@ class AmpSweep(Printed):
     def __str__(self) -> str:
         lines = [f"{self.device}, MLP {'-'.join(map(str, self.sizes))}", format_table(self.rows())]
         lines += [
-            f"(stopped early for {p}: {r.stopped})" for p, r in self.results.items() if r.stopped
+            tr("(stopped early for {precision}: {why})").format(precision=p, why=r.stopped)
+            for p, r in self.results.items()
+            if r.stopped
         ]
-        lines += [f"skipped {p}: {why}" for p, why in self.skipped.items()]
+        lines += [
+            tr("skipped {precision}: {why}").format(precision=p, why=why)
+            for p, why in self.skipped.items()
+        ]
         if self.machine is not None:
             lines.append(str(self.machine))
-        lines.append(f"peak MiB = {self.meter}")
+        lines.append(tr("peak MiB = {meter}").format(meter=self.meter))
         lines.append(
-            "saved MiB = bytes autograd saved for backward in one forward (activations and 16-bit "
-            "weight copies); exact, the same meter on every device"
+            tr(
+                "saved MiB = bytes autograd saved for backward in one forward (activations and "
+                "16-bit weight copies); exact, the same meter on every device"
+            )
         )
         return "\n".join(lines)
 
@@ -239,13 +266,13 @@ def run_amp_sweep(
     device = resolve_device(device)
     precisions = ["tf32" if is_tf32(p) else dtype_name(parse_precision(p)) for p in precisions]
     if not precisions:
-        raise ValueError("Pick at least one precision: 'fp32', 'tf32', 'bf16' or 'fp16'.")
+        raise ValueError(tr("Pick at least one precision: 'fp32', 'tf32', 'bf16' or 'fp16'."))
     batch_sizes = [
-        positive_int(b, "batch size")
+        positive_int(b, tr("batch size"))
         for b in (default_batch_sizes(device) if batch_sizes is None else batch_sizes)
     ]
     if not batch_sizes:
-        raise ValueError("Pick at least one batch size.")
+        raise ValueError(tr("Pick at least one batch size."))
     sizes = tuple(sizes) if sizes else wide_mlp_sizes(width or default_width(device))
     sweep = AmpSweep(device=str(device), sizes=sizes, meter=memory_meter(device))
     for precision in dict.fromkeys(precisions):
@@ -306,11 +333,15 @@ def time_tf32(
     check_tf32(device)  # a PrecisionError that says why on any other device
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(
-            f"time_tf32 needs an (m x k) and a (k x n) matrix, got {tuple(a.shape)} and {tuple(b.shape)}."
+            tr("time_tf32 needs an (m x k) and a (k x n) matrix, got {a} and {b}.").format(
+                a=tuple(a.shape), b=tuple(b.shape)
+            )
         )
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(
-            f"TF32 is a mode of fp32 matmuls: pass float32 matrices, got {a.dtype} and {b.dtype}."
+            tr("TF32 is a mode of fp32 matmuls: pass float32 matrices, got {a} and {b}.").format(
+                a=a.dtype, b=b.dtype
+            )
         )
     flops = matmul_flops(a.shape[0], a.shape[1], b.shape[1])
     rows, states = [], []
@@ -350,12 +381,16 @@ class LossGap(Printed):
     def __post_init__(self) -> None:
         if len(self.fp32) < 2:
             raise ValueError(
-                "LossGap needs fp32's loss for at least two seeds: the seed-to-seed "
-                "spread is what 'the same result' is measured against."
+                tr(
+                    "LossGap needs fp32's loss for at least two seeds: the seed-to-seed "
+                    "spread is what 'the same result' is measured against."
+                )
             )
         values = [self.low, *self.fp32.values()]
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-            raise ValueError(f"Final losses must be finite numbers, got {values}.")
+            raise ValueError(
+                tr("Final losses must be finite numbers, got {values}.").format(values=values)
+            )
 
     @property
     def reference(self) -> float:
@@ -423,21 +458,28 @@ def plot_amp_sweep(sweep: AmpSweep) -> Figure:
             continue
         x = result.column("batch size")
         ax_rate.plot(x, result.column("samples/s"), marker="o", label=precision)
-        (line,) = ax_mem.plot(x, result.column("peak MiB"), marker="o", label=f"{precision} peak")
-        saved = f"{precision} saved for backward"
+        peak = tr("{precision} peak").format(precision=precision)
+        (line,) = ax_mem.plot(x, result.column("peak MiB"), marker="o", label=peak)
+        saved = tr("{precision} saved for backward").format(precision=precision)
         ax_mem.plot(x, result.column("saved MiB"), "x--", color=line.get_color(), label=saved)
-    for ax, ylabel in ((ax_rate, "samples / s (higher is better)"), (ax_mem, "MiB")):
+    for ax, ylabel in ((ax_rate, tr("samples / s (higher is better)")), (ax_mem, "MiB")):
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="batch size", ylabel=ylabel)
+        ax.set(xlabel=tr("batch size"), ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         if sweep.results:
             ax.legend()
-    ax_rate.set_title(f"training step, MLP {'-'.join(map(str, sweep.sizes))}", fontsize=10)
-    how = sweep.meter.rsplit(": ", 1)[-1]
-    ax_mem.set_title(f"memory per step: peak ({how}) and saved for backward", fontsize=9)
+    sizes = "-".join(map(str, sweep.sizes))
+    ax_rate.set_title(tr("training step, MLP {sizes}").format(sizes=sizes), fontsize=10)
+    how = re.split(": |\uff1a", sweep.meter)[-1]  # memory_meter's "what: how", in either language
+    ax_mem.set_title(
+        tr("memory per step: peak ({how}) and saved for backward").format(how=how), fontsize=9
+    )
     if sweep.skipped:
         fig.suptitle(
-            "skipped: " + ", ".join(sweep.skipped) + " (see the printed reason)", fontsize=9
+            tr("skipped: {precisions} (see the printed reason)").format(
+                precisions=", ".join(sweep.skipped)
+            ),
+            fontsize=9,
         )
     fig.tight_layout()
     return fig
@@ -456,22 +498,22 @@ def amp_controls(
     options = [p for p in ("fp32", "tf32", "bf16", "fp16") if p != "tf32" or tf32_available(device)]
     return {
         "precisions": widgets.SelectMultiple(
-            options=options, value=chosen, description="precisions", rows=len(options)
+            options=options, value=chosen, description=tr("precisions"), rows=len(options)
         ),
         "batch_sizes": widgets.SelectMultiple(
             options=[2**k for k in range(3, 14)],
             value=default_batch_sizes(device),
-            description="batch sizes",
+            description=tr("batch sizes"),
             rows=6,
         ),
         "width": widgets.Dropdown(
             options=[2**k for k in range(8, 14)],
             value=default_width(device),
-            description="MLP width",
+            description=tr("MLP width"),
         ),
         "allow_slow": widgets.Checkbox(
             value=allow_slow,
-            description="run slow/emulated ones too",
+            description=tr("run slow/emulated ones too"),
             style={"description_width": "initial"},
         ),
     }

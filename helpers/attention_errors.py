@@ -15,6 +15,7 @@ import torch
 
 from helpers.attention_tiles import BOUNDED, rounding_bound
 from helpers.flash_attention import flash_backward, flash_forward
+from helpers.i18n import tr, tr_mark
 
 #: The results a kernel is judged on, in this order.
 JUDGED = ("out", "lse", "dq", "dk", "dv")
@@ -89,7 +90,7 @@ def _max_error(got: torch.Tensor, exact: torch.Tensor) -> float:
 def allowed_factor(dtype: torch.dtype) -> float:
     """ALLOWED_FACTOR for a kernel's input dtype: float16, bfloat16 or float32 (chapter 8)."""
     if dtype not in ALLOWED_FACTOR:
-        raise ValueError(f"The rule judges float16, bfloat16 and float32 kernels against float64, not {dtype}.")  # fmt: skip
+        raise ValueError(tr("The rule judges float16, bfloat16 and float32 kernels against float64, not {dtype}.").format(dtype=dtype))  # fmt: skip
     return ALLOWED_FACTOR[dtype]
 
 
@@ -154,7 +155,11 @@ def plant(fn: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
     """fn rebuilt from its source with the one line holding `old` changed to `new` (chapter 8)."""
     source = inspect.getsource(fn)
     if source.count(old) != 1:
-        raise ValueError(f"{old!r} is not exactly once in {fn.__name__}: the gallery is stale.")
+        raise ValueError(
+            tr("{old!r} is not exactly once in {name}: the gallery is stale.").format(
+                old=old, name=fn.__name__
+            )
+        )
     namespace = dict(fn.__globals__)
     exec(compile(source.replace(old, new), f"<{fn.__name__}, planted>", "exec"), namespace)  # noqa: S102
     return namespace[fn.__name__]
@@ -180,42 +185,42 @@ class PlantedBug:
 #: The gallery: mistakes a real kernel makes, each small next to the outputs themselves.
 PLANTED_BUGS = (
     PlantedBug(
-        "P rounded to fp16 before P @ V",
+        tr_mark("P rounded to fp16 before P @ V"),
         "forward",
         "+ p @ vj",
         "+ p.half().to(p.dtype) @ vj",
         torch.float32,
     ),  # fmt: skip
     PlantedBug(
-        "D from an fp16-rounded O",
+        tr_mark("D from an fp16-rounded O"),
         "backward",
         "(dout * out).sum(-1)",
         "(dout * out.half().to(out.dtype)).sum(-1)",
         torch.float32,
     ),  # fmt: skip
     PlantedBug(
-        "log-sum-exp off by 1e-4",
+        tr_mark("log-sum-exp off by 1e-4"),
         "forward",
         "m + torch.log(ell)",
         "m + torch.log(ell) + 1e-4",
         torch.float32,
     ),  # fmt: skip
     PlantedBug(
-        "scores scaled 10% too much",
+        tr_mark("scores scaled 10% too much"),
         "forward",
         "to(acc_dtype) * scale",
         "to(acc_dtype) * scale * 1.1",
         torch.bfloat16,
     ),  # fmt: skip
     PlantedBug(
-        "mask one late in query tile 2",
+        tr_mark("mask one late in query tile 2"),
         "forward",
         "keys > rows,",
         "keys > rows + (qs == block_q),",
         torch.bfloat16,
     ),  # fmt: skip
     PlantedBug(
-        "no rescale of acc in the merge",
+        tr_mark("no rescale of acc in the merge"),
         "forward",
         "acc = acc * rescale[..., None] +",
         "acc = acc +",
@@ -226,7 +231,14 @@ PLANTED_BUGS = (
 
 #: The gallery's columns: each bug's largest |error| / (2 x rounding_bound), where at most 1 is
 #: what the worst-case rule would pass (two computations differ by at most twice the bound).
-OUT_SHARE, GRADS_SHARE = "out: err / (2 x bound)", "grads: err / (2 x bound)"
+OUT_SHARE, GRADS_SHARE = tr_mark("out: err / (2 x bound)"), tr_mark("grads: err / (2 x bound)")
+#: The gallery's other column names (keys the notebook reads; a printed table translates them).
+_COLUMNS = (
+    tr_mark("planted bug"),
+    tr_mark("worst"),
+    tr_mark("x PyTorch's error"),
+    tr_mark("caught"),
+)
 
 
 def judge_inputs(
@@ -254,5 +266,5 @@ def bug_gallery(shape: tuple[int, ...] = (1, 2, 200, 32), causal: bool = True, s
         got = kernel_results(bug.attention(), q, k, v, dout, causal)
         name, ratio = worst(error_ratios(got, q, k, v, dout, causal))
         out, grads = _worst_case_shares(got, q, k, v, dout, causal)
-        rows.append({"planted bug": bug.name, "dtype": str(bug.dtype).removeprefix("torch."), "worst": name, "x PyTorch's error": ratio, "caught": ratio > allowed_factor(bug.dtype), OUT_SHARE: out, GRADS_SHARE: grads})  # fmt: skip
+        rows.append({"planted bug": tr(bug.name), "dtype": str(bug.dtype).removeprefix("torch."), "worst": name, "x PyTorch's error": ratio, "caught": ratio > allowed_factor(bug.dtype), OUT_SHARE: out, GRADS_SHARE: grads})  # fmt: skip
     return rows

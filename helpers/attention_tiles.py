@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from helpers.activations import ActivationMeter
+from helpers.i18n import tr
 from helpers.units import MiB
 from helpers.validate import positive_int
 
@@ -133,7 +134,7 @@ def saved_bytes_sweep(
     head_dim, heads = positive_int(head_dim, "head_dim"), positive_int(heads, "heads")
     rows = []
     for t in lengths:
-        t = positive_int(t, "each sequence length")
+        t = positive_int(t, tr("each sequence length"))
         q, k, v = (
             torch.randn(1, heads, t, head_dim, device=device, requires_grad=True) for _ in "qkv"
         )
@@ -147,7 +148,9 @@ def saved_bytes_sweep(
 def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The least-squares slope of log(y) against log(x): 1 for linear growth, 2 for quadratic (chapter 8)."""
     if len(xs) != len(ys) or len(xs) < 2 or min(*xs, *ys) <= 0:
-        raise ValueError("loglog_slope needs at least two positive (x, y) pairs of equal count.")
+        raise ValueError(
+            tr("loglog_slope needs at least two positive (x, y) pairs of equal count.")
+        )
     lx, ly = (
         torch.tensor(xs, dtype=torch.float64).log(),
         torch.tensor(ys, dtype=torch.float64).log(),
@@ -162,9 +165,9 @@ def plot_saved_bytes(rows: Sequence[dict[str, Any]]) -> Figure:
     ts = [r["T"] for r in rows]
     for column in [c for c in rows[0] if c.endswith(" MiB")]:
         ax.loglog(ts, [r[column] for r in rows], marker="o", label=column.removesuffix(" MiB"))
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("MiB saved for backward (q, k, v excluded)")
-    ax.set_title("what one forward keeps for backward")
+    ax.set_xlabel(tr("sequence length T"))
+    ax.set_ylabel(tr("MiB saved for backward (q, k, v excluded)"))
+    ax.set_title(tr("what one forward keeps for backward"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -28,7 +28,7 @@ from helpers.attention_triton import triton_attention, triton_flash_forward, tri
 from helpers.devices import native_bf16, resolve_device
 from helpers.flash_attention import flash_forward
 from helpers.gpt import manual_attention
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 from helpers.memory import track_peak
 from helpers.sweeps import free_cached_memory, is_out_of_memory
@@ -49,7 +49,13 @@ GPU_TILE = 128
 #: The longest T the PyTorch tiles are timed at on a GPU: the verdicts read them at T >= 2048.
 TILES_MAX_T = 4096
 #: The timing table's columns, in order; a row has one of the two rates (rate_unit).
-TIMING_COLUMNS = ("row", "ms", "IQR ms", "TFLOP/s", "GFLOP/s", "peak MiB", "note")
+TIMING_COLUMNS = (tr_mark("row"), "ms", "IQR ms", "TFLOP/s", "GFLOP/s", tr_mark("peak MiB"), tr_mark("note"))  # fmt: skip
+#: The other tables' column names (keys the notebook reads; a printed table translates them).
+_COLUMNS = (
+    tr_mark("method"), tr_mark("worst / allowed"), tr_mark("rule"), tr_mark("at least MiB"),
+    tr_mark("below MiB"), tr_mark("holds"), tr_mark("pass"), tr_mark("causal"), tr_mark("run"),
+    tr_mark("worst"), tr_mark("x PyTorch's error"), tr_mark("allowed"), tr_mark("passes"),
+)  # fmt: skip
 
 
 @dataclass
@@ -202,7 +208,11 @@ def method_function(name: str, device: torch.device) -> Callable[..., torch.Tens
         **{f"sdpa {k}": partial(_sdpa_with, k) for k in SDPA_KERNELS},
     }
     if name not in functions:
-        raise ValueError(f"Unknown method {name!r}; known: {', '.join(functions)}.")
+        raise ValueError(
+            tr("Unknown method {name!r}; known: {known}.").format(
+                name=name, known=", ".join(functions)
+            )
+        )
     return functions[name]
 
 
@@ -344,12 +354,12 @@ def peak_rule(plan: SweepPlan, method: str, t: int) -> tuple[int, int | None, st
     rows, size = plan.batch * plan.heads * t, plan.dtype.itemsize
     out, lse, scores = rows * plan.head_dim * size, rows * 4, rows * t * size
     if method == "written out":
-        return scores, None, ">= one T x T tensor of scores"
+        return scores, None, tr_mark(">= one T x T tensor of scores")
     if method == "triton":
-        return out + lse, out + lse + 2 * ALLOCATOR_ROUNDING, "= output + lse (allocator rounding)"
+        return out + lse, out + lse + 2 * ALLOCATOR_ROUNDING, tr_mark("= output + lse (allocator rounding)")  # fmt: skip
     if method in FUSED_SDPA:
-        return out, scores, ">= output, < one T x T tensor"
-    return out, None, ">= output"
+        return out, scores, tr_mark(">= output, < one T x T tensor")
+    return out, None, tr_mark(">= output")
 
 
 def peak_checks(plan: SweepPlan, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -364,7 +374,7 @@ def peak_checks(plan: SweepPlan, rows: Sequence[dict[str, Any]]) -> list[dict[st
             {
                 "row": r["row"],
                 "peak MiB": r["peak MiB"],
-                "rule": rule,
+                "rule": tr(rule),
                 "at least MiB": low / MiB,
                 "below MiB": "" if high is None else high / MiB,
                 "holds": peak >= low and (high is None or peak < high),
@@ -385,9 +395,9 @@ def plot_attention_timing(rows: Sequence[dict[str, Any]]) -> Figure:
             ax_t.loglog(ts, [r["ms"] for r in timed], marker="o", label=method)
             if ax_m is not None:
                 ax_m.loglog(ts, [max(r.get("peak MiB", 0), 1e-3) for r in timed], marker="o")
-    ax_t.set(xlabel="sequence length T", ylabel="ms per forward", title="time (median)")
+    ax_t.set(xlabel=tr("sequence length T"), ylabel=tr("ms per forward"), title=tr("time (median)"))
     if ax_m is not None:
-        ax_m.set(xlabel="sequence length T", ylabel="peak MiB over the inputs", title="memory")
+        ax_m.set(xlabel=tr("sequence length T"), ylabel=tr("peak MiB over the inputs"), title=tr("memory"))  # fmt: skip
     for ax in [a for a in (ax_t, ax_m) if a is not None]:
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from helpers.flash_attention import flash_forward
+from helpers.i18n import tr, tr_mark
 from helpers.units import Printed
 from helpers.validate import first_line
 
@@ -133,8 +134,10 @@ def triton_missing_reason() -> str:
     """Why `import triton` fails on this machine, in words (chapter 8)."""
     system = platform.system()
     if system in ("Darwin", "Windows"):
-        return f"Triton has no release for {system}; its kernels run on Linux only."
-    return (
+        return tr("Triton has no release for {system}; its kernels run on Linux only.").format(
+            system=system
+        )
+    return tr(
         "the triton package is not installed (pip install triton; CUDA builds of torch bring it)."
     )
 
@@ -150,7 +153,14 @@ class TritonStatus(Printed):
 
     def __str__(self) -> str:
         what = f"triton {self.version}: " if self.version else ""
-        return what + (f"runs ({self.mode}); {self.reason}" if self.runs else self.reason)
+        runs = tr("runs ({mode}); {reason}").format(mode=tr(self.mode), reason=self.reason)
+        return what + (runs if self.runs else self.reason)
+
+
+#: The modes of TritonStatus, translated where it is printed.
+_MODES = (tr_mark("compiled"), tr_mark("interpreter"), tr_mark("unavailable"))
+#: What _interpreter_fails says when the interpreted kernel ran but computed something else.
+_DIFFERS = tr_mark("its output differs from flash_forward's")
 
 
 @functools.cache
@@ -162,7 +172,7 @@ def _interpreter_fails() -> str:
     except Exception as exc:  # e.g. triton 3.1's interpreter with numpy >= 2.3: int() of an array
         return f"{type(exc).__name__}: {first_line(exc)}"
     want, _ = flash_forward(q, q, q, causal=True)
-    return "" if torch.allclose(out, want, atol=1e-5) else "its output differs from flash_forward's"
+    return "" if torch.allclose(out, want, atol=1e-5) else _DIFFERS
 
 
 def _has_interpreter() -> bool:
@@ -182,28 +192,33 @@ def triton_status(device: str | torch.device) -> TritonStatus:
     if interpreting():
         failed = _interpreter_fails()
         if failed:
-            return TritonStatus(False, "unavailable", f"the interpreter of this Triton failed a 16-token probe: {failed}", version)  # fmt: skip
-        where = "no GPU" if device.type == "cpu" else f"device {device.type}"
-        return TritonStatus(True, "interpreter", f"{where}: TRITON_INTERPRET=1, so Triton's interpreter runs the kernel on CPU tensors, in numpy (slow, for checking)", version)  # fmt: skip
+            why = tr("the interpreter of this Triton failed a 16-token probe: {failed}").format(failed=tr(failed) if failed == _DIFFERS else failed)  # fmt: skip
+            return TritonStatus(False, "unavailable", why, version)
+        where = tr("no GPU") if device.type == "cpu" else tr("device {device}").format(device=device.type)  # fmt: skip
+        return TritonStatus(True, "interpreter", tr("{where}: TRITON_INTERPRET=1, so Triton's interpreter runs the kernel on CPU tensors, in numpy (slow, for checking)").format(where=where), version)  # fmt: skip
     if device.type == "cuda":
-        return TritonStatus(True, "compiled", f"compiled for {torch.cuda.get_device_name(device)}", version)  # fmt: skip
+        return TritonStatus(True, "compiled", tr("compiled for {gpu}").format(gpu=torch.cuda.get_device_name(device)), version)  # fmt: skip
     if not _has_interpreter():
-        return TritonStatus(False, "unavailable", "this Triton has no interpreter (TRITON_INTERPRET)", version)  # fmt: skip
-    return TritonStatus(False, "unavailable", "triton was imported without TRITON_INTERPRET=1, so it compiles for GPUs, and there is none for this device. Set it before anything imports triton (restart the kernel, then run the chapter from the top)", version)  # fmt: skip
+        return TritonStatus(False, "unavailable", tr("this Triton has no interpreter (TRITON_INTERPRET)"), version)  # fmt: skip
+    return TritonStatus(False, "unavailable", tr("triton was imported without TRITON_INTERPRET=1, so it compiles for GPUs, and there is none for this device. Set it before anything imports triton (restart the kernel, then run the chapter from the top)"), version)  # fmt: skip
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Clear errors for inputs the kernel does not take (chapter 8)."""
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(
-            f"q, k and v must share one shape (batch, heads, sequence, head_dim); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+            tr(
+                "q, k and v must share one shape (batch, heads, sequence, head_dim); got "
+                "{q}, {k}, {v}."
+            ).format(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
         )
     d = q.size(-1)
     if d < 16 or d & (d - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16 for tl.dot, got {d}.")
+        raise ValueError(
+            tr("head_dim must be a power of two >= 16 for tl.dot, got {d}.").format(d=d)
+        )
     if not (q.device == k.device == v.device) or not (q.dtype == k.dtype == v.dtype):
-        raise ValueError("q, k and v must be on one device, in one dtype.")
+        raise ValueError(tr("q, k and v must be on one device, in one dtype."))
 
 
 def gpu_blocks(q: torch.Tensor) -> dict[str, int]:
@@ -220,17 +235,23 @@ def triton_flash_forward(
     """Run the kernel: the attention output and each row's log-sum-exp, as flash_forward returns them (chapter 8)."""
     _check_inputs(q, k, v)
     if KERNEL is None:
-        raise RuntimeError(f"Triton cannot run here: {triton_missing_reason()}")
+        raise RuntimeError(tr("Triton cannot run here: {why}").format(why=triton_missing_reason()))
     interpret = interpreting()
     if interpret != (q.device.type == "cpu"):
         raise ValueError(
-            f"q is on {q.device}, but {triton_status(q.device)}. The interpreter takes CPU "
-            "tensors, a compiled kernel CUDA tensors."
+            tr(
+                "q is on {device}, but {status}. The interpreter takes CPU tensors, a compiled "
+                "kernel CUDA tensors."
+            ).format(device=q.device, status=triton_status(q.device))
         )
     options = {**(INTERPRETER_BLOCKS if interpret else gpu_blocks(q)), **blocks}
     block_m, block_n = options.pop("block_m"), options.pop("block_n")
     if block_m % block_n:  # the unmasked key tiles must end where the diagonal begins
-        raise ValueError(f"block_m ({block_m}) must be a multiple of block_n ({block_n}).")
+        raise ValueError(
+            tr("block_m ({block_m}) must be a multiple of block_n ({block_n}).").format(
+                block_m=block_m, block_n=block_n
+            )
+        )
     q, k, v = (x.contiguous() for x in (q, k, v))
     b, h, t, d = q.shape
     out = torch.empty_like(q)
@@ -414,14 +435,22 @@ def triton_attention_backward(
     """
     _check_inputs(q, k, v)
     if DQ_KERNEL is None:
-        raise RuntimeError(f"Triton cannot run here: {triton_missing_reason()}")
+        raise RuntimeError(tr("Triton cannot run here: {why}").format(why=triton_missing_reason()))
     interpret = interpreting()
     if interpret != (q.device.type == "cpu"):
-        raise ValueError(f"q is on {q.device}, but {triton_status(q.device)}.")
+        raise ValueError(
+            tr("q is on {device}, but {status}.").format(
+                device=q.device, status=triton_status(q.device)
+            )
+        )
     options = {**(INTERPRETER_BACKWARD_BLOCKS if interpret else gpu_backward_blocks(q)), **blocks}
     small, big = options.pop("block_small"), options.pop("block_big")
     if big % small:
-        raise ValueError(f"block_big ({big}) must be a multiple of block_small ({small}).")
+        raise ValueError(
+            tr("block_big ({big}) must be a multiple of block_small ({small}).").format(
+                big=big, small=small
+            )
+        )
     q, k, v, out, dout = (x.contiguous() for x in (q, k, v, out, dout))
     lse = lse.contiguous().float()
     b, h, t, d = q.shape

@@ -9,18 +9,21 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from helpers.i18n import tr
 from helpers.validate import positive_int
 
 
 def check_batch_size(batch_size: int, n_samples: int) -> int:
     """`batch_size` as an int if 0 < batch_size <= n_samples, else a ValueError saying what to do (chapter 2)."""
     if n_samples == 0:
-        raise ValueError("The dataset is empty (0 samples): there is nothing to batch.")
+        raise ValueError(tr("The dataset is empty (0 samples): there is nothing to batch."))
     batch_size = positive_int(batch_size, "batch_size")
     if batch_size > n_samples:
         raise ValueError(
-            f"batch_size={batch_size} is larger than the dataset ({n_samples} samples), so "
-            f"every epoch would be a single short batch. Use batch_size <= {n_samples}."
+            tr(
+                "batch_size={batch_size} is larger than the dataset ({n} samples), so "
+                "every epoch would be a single short batch. Use batch_size <= {n}."
+            ).format(batch_size=batch_size, n=n_samples)
         )
     return batch_size
 
@@ -28,23 +31,28 @@ def check_batch_size(batch_size: int, n_samples: int) -> int:
 def _check_tensors(tensors: tuple[torch.Tensor, ...]) -> int:
     """The common number of samples of `tensors`; errors for mismatched lengths or devices (chapter 2)."""
     if not tensors:
-        raise ValueError("Pass at least one tensor, e.g. ResidentBatches(x, y, batch_size=64).")
+        raise ValueError(tr("Pass at least one tensor, e.g. ResidentBatches(x, y, batch_size=64)."))
     bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
     if bad:
-        raise TypeError(f"Every argument must be a tensor; got {', '.join(bad)}.")
+        raise TypeError(
+            tr("Every argument must be a tensor; got {types}.").format(types=", ".join(bad))
+        )
     if any(t.dim() == 0 for t in tensors):
-        raise ValueError("Tensors need a first (sample) dimension; got a 0-dim tensor.")
+        raise ValueError(tr("Tensors need a first (sample) dimension; got a 0-dim tensor."))
     lengths = {len(t) for t in tensors}
     if len(lengths) > 1:
         raise ValueError(
-            f"All tensors need the same number of samples (first dimension); got "
-            f"{[len(t) for t in tensors]}."
+            tr(
+                "All tensors need the same number of samples (first dimension); got {lengths}."
+            ).format(lengths=[len(t) for t in tensors])
         )
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise ValueError(
-            f"All tensors must be on one device; got {sorted(str(d) for d in devices)}. "
-            f"Move them with .to(device) once, before training."
+            tr(
+                "All tensors must be on one device; got {devices}. "
+                "Move them with .to(device) once, before training."
+            ).format(devices=sorted(str(d) for d in devices))
         )
     return lengths.pop()
 
@@ -63,7 +71,11 @@ class ResidentBatches:
         self.n = _check_tensors(tensors)
         self.batch_size = check_batch_size(batch_size, self.n)
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}.")
+            raise TypeError(
+                tr("generator must be a torch.Generator, got {type}.").format(
+                    type=type(generator).__name__
+                )
+            )
         self.tensors, self.shuffle, self.drop_last = tensors, shuffle, drop_last
         self.generator = generator
         self.device = tensors[0].device
@@ -95,7 +107,11 @@ class PermutationSampler(Sampler[int]):
 
     def __init__(self, n_samples: int, generator: torch.Generator) -> None:
         if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}.")
+            raise TypeError(
+                tr("generator must be a torch.Generator, got {type}.").format(
+                    type=type(generator).__name__
+                )
+            )
         self.n, self.generator = positive_int(n_samples, "n_samples"), generator
 
     def __len__(self) -> int:
@@ -111,7 +127,9 @@ class SlowReadDataset(Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor, read_seconds: float) -> None:
         _check_tensors((x, y))
         if not isinstance(read_seconds, (int, float)) or not 0 <= read_seconds < 1:
-            raise ValueError(f"read_seconds must be in [0, 1), got {read_seconds!r}.")
+            raise ValueError(
+                tr("read_seconds must be in [0, 1), got {value!r}.").format(value=read_seconds)
+            )
         self.x, self.y, self.read_seconds = x, y, float(read_seconds)
 
     def __len__(self) -> int:

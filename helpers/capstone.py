@@ -40,18 +40,28 @@ from helpers.units import MiB
 from helpers.validate import first_line, positive_int
 from helpers.verdicts import compare_rows
 
-#: Each lever's name in the table, and the chapter that taught it.
-LEVER_TITLES = {
-    "resident": "resident data, one sync per interval (ch2)",
-    "sdpa": "scaled_dot_product_attention",
-    "fused_adamw": "fused AdamW",
-    "amp": "autocast by hardware (ch3)",
-    "tf32": "TF32 matmuls (ch3)",
-    "compile": "torch.compile",
-    "graphs": "CUDA graphs of forward and backward (ch2)",
-    "checkpoint": "activation checkpointing (ch5)",
-    "fp8": "FP8 matmuls (torchao)",
-}
+
+class _Titles(dict):
+    """Lever name -> its title, read in the current language (LEVER_TITLES[name]); the values stay English."""
+
+    def __getitem__(self, name: str) -> str:
+        return tr(super().__getitem__(name))
+
+
+#: Each lever's name in the table, and the chapter that taught it (LEVER_TITLES[name]: translated).
+LEVER_TITLES = _Titles(
+    {
+        "resident": tr_mark("resident data, one sync per interval (ch2)"),
+        "sdpa": "scaled_dot_product_attention",
+        "fused_adamw": tr_mark("fused AdamW"),
+        "amp": tr_mark("autocast by hardware (ch3)"),
+        "tf32": tr_mark("TF32 matmuls (ch3)"),
+        "compile": "torch.compile",
+        "graphs": tr_mark("CUDA graphs of forward and backward (ch2)"),
+        "checkpoint": tr_mark("activation checkpointing (ch5)"),
+        "fp8": tr_mark("FP8 matmuls (torchao)"),
+    }
+)
 #: Levers that run the very same kernels, only fed, kept or launched differently.
 SAME_KERNELS = ("resident", "checkpoint", "graphs")
 #: Levers that compute the same sums in another order: fp32 rounding differs at the ulp level.
@@ -77,7 +87,11 @@ KEPT = tr_mark("kept: {gain:.2f}x faster than without it {at} (noise ±{noise:.0
 def check_lever(name: str) -> str:
     """`name` if it is a lever, else a ValueError listing the levers (chapter 7)."""
     if name not in LEVER_TITLES:
-        raise ValueError(f"unknown lever {name!r}; the levers are {', '.join(LEVER_TITLES)}.")
+        raise ValueError(
+            tr("unknown lever {name!r}; the levers are {levers}.").format(
+                name=name, levers=", ".join(LEVER_TITLES)
+            )
+        )
     return name
 
 
@@ -284,7 +298,11 @@ class Trainer:
         for name in levers.on():
             ok, why = lever_available(name, self.device)
             if not ok:
-                raise ValueError(f"lever {name!r} cannot run on {self.device}: {why}.")
+                raise ValueError(
+                    tr("lever {name!r} cannot run on {device}: {why}.").format(
+                        name=name, device=self.device, why=why
+                    )
+                )
         self.model = make_gpt(self.cfg, seed=seed, device=self.device)
         if levers.fp8:  # lever_available refused above every device without FP8 tensor cores
             convert_fp8(self.model)
@@ -401,7 +419,7 @@ class Trainer:
 
 def percent(fraction: float | None) -> str:
     """0.123 -> '12.3%'; None -> 'n/a' (an MFU without a peak) (chapter 7)."""
-    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+    return tr("n/a") if fraction is None else f"{100 * fraction:.1f}%"
 
 
 @dataclass
@@ -438,15 +456,15 @@ class LeverRow:
     def as_row(self) -> dict[str, Any]:
         """The row for print_table, numbers rounded for reading (chapter 7)."""
         return {
-            "levers": self.label,
-            "step ms": f"{1e3 * self.step_s:.2f} ±{100 * self.spread:.0f}%",
+            tr_mark("levers"): self.label,
+            tr_mark("step ms"): f"{1e3 * self.step_s:.2f} ±{100 * self.spread:.0f}%",
             "tokens/s": f"{self.tokens_per_s:,.0f}",
-            "saved MiB": f"{self.saved_mib:.1f}",
-            "peak MiB": "n/a" if self.peak_mib is None else f"{self.peak_mib:.0f}",
-            "MFU datasheet": percent(self.mfu),
-            "MFU achievable": percent(self.mfu_achievable),
-            "speed-up": f"{self.speedup:.2f}x",
-            "kept?": self.kept,
+            tr_mark("saved MiB"): f"{self.saved_mib:.1f}",
+            tr_mark("peak MiB"): tr("n/a") if self.peak_mib is None else f"{self.peak_mib:.0f}",
+            tr_mark("MFU datasheet"): percent(self.mfu),
+            tr_mark("MFU achievable"): percent(self.mfu_achievable),
+            tr_mark("speed-up"): f"{self.speedup:.2f}x",
+            tr_mark("kept?"): self.kept,
         }
 
 
@@ -651,7 +669,11 @@ def changed_lever(a: Levers, b: Levers) -> str:
     """The one lever that differs between `a` and `b`; a ValueError otherwise (chapter 7)."""
     names = [n for n in LEVER_TITLES if getattr(a, n) != getattr(b, n)]
     if len(names) != 1:
-        raise ValueError(f"{a.label()!r} and {b.label()!r} differ by {names}, not by one lever.")
+        raise ValueError(
+            tr("{a!r} and {b!r} differ by {names}, not by one lever.").format(
+                a=a.label(), b=b.label(), names=names
+            )
+        )
     return names[0]
 
 
@@ -791,7 +813,9 @@ class LeverSearch:
     def change_of(self, row: LeverRow) -> str:
         """What `row`'s lever changes in the math against its parent: '' where it must keep it (chapter 7)."""
         if row.levers is None or row.parent is None:
-            raise ValueError(f"{row.label!r} has no parent configuration to compare with.")
+            raise ValueError(
+                tr("{label!r} has no parent configuration to compare with.").format(label=row.label)
+            )
         name = changed_lever(row.levers, row.parent)
         return math_change(name, row.levers if getattr(row.levers, name) else row.parent)
 
@@ -816,7 +840,7 @@ class LeverSearch:
             row.check = check
             return
         change = run_or_reason(lambda: self.change_of(row))[0]  # None: not even that is known
-        parent = row.parent.label() if row.parent is not None else "its parent"
+        parent = row.parent.label() if row.parent is not None else tr("its parent")
         label = f"{row.label} vs {parent}"
         if change:
             note = tr("{change}; not compared: {error}").format(change=change, error=error)
@@ -910,7 +934,7 @@ class LeverSearch:
             cells = row.as_row()
             change = "" if row.parent is None else changed_lever(row.levers, row.parent)
             sign = "+" if change and getattr(row.levers, change) else "-"
-            cells = {"change": f"{sign} {change}" if change else "(final)", **cells}
+            cells = {tr_mark("change"): f"{sign} {change}" if change else tr("(final)"), **cells}
             out.append(cells)
         return out
 
@@ -928,8 +952,8 @@ def plot_levers(rows: list[LeverRow], title: str = "") -> Figure:
     ax.barh(labels[::-1], [r.tokens_per_s for r in rows][::-1], color=colors[::-1])
     for i, r in enumerate(rows[::-1]):
         ax.text(r.tokens_per_s, i, f" {r.speedup:.2f}x", va="center", fontsize=8)
-    ax.set_xlabel("tokens/s (median)")
-    ax.set_title(title or "the capstone's levers: green = kept")
+    ax.set_xlabel(tr("tokens/s (median)"))
+    ax.set_title(title or tr("the capstone's levers: green = kept"))
     fig.tight_layout()
     return fig
 
@@ -955,15 +979,15 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 def describe_sdpa_kernel(op_names: list[str]) -> str:
     """'flash', 'memory-efficient', 'cuDNN', 'flash (CPU kernel)' or 'math ...' from the attention ops a profile saw (chapter 7)."""
     for key, name in (
-        ("flash_attention_for_cpu", "flash (CPU kernel)"),
+        ("flash_attention_for_cpu", tr_mark("flash (CPU kernel)")),
         ("cudnn_attention", "cuDNN"),
         ("flash_attention", "flash"),
-        ("efficient_attention", "memory-efficient"),
-        ("math", "math (the unfused reference)"),
+        ("efficient_attention", tr_mark("memory-efficient")),
+        ("math", tr_mark("math (the unfused reference)")),
     ):
         if any(key in n for n in op_names):
-            return name
-    return "math (the unfused reference)" if op_names == [] else ", ".join(op_names)
+            return tr(name)
+    return tr("math (the unfused reference)") if op_names == [] else ", ".join(op_names)
 
 
 def run_or_reason(fn: Callable[[], Any]) -> tuple[Any, str]:
@@ -988,10 +1012,14 @@ class RecipeFigure:
 
     def __str__(self) -> str:
         layers, heads, width, seq_len, batch, vocab = self.shape
-        return (
-            f"{self.tokens_per_s:,.0f} tokens/s, {self.mfu:.1%} MFU (bf16 datasheet): {self.source}, "
-            f"{layers} x {width}, {heads} heads, T = {seq_len}, batch {batch}, vocabulary {vocab}"
-        )
+        return tr(
+            "{tokens_per_s:,.0f} tokens/s, {mfu:.1%} MFU (bf16 datasheet): {source}, "
+            "{layers} x {width}, {heads} heads, T = {seq_len}, batch {batch}, vocabulary {vocab}"
+        ).format(
+            tokens_per_s=self.tokens_per_s, mfu=self.mfu, source=tr(self.source) if self.source else "",
+            layers=layers,
+            width=width, heads=heads, seq_len=seq_len, batch=batch, vocab=vocab,
+        )  # fmt: skip
 
 
 #: nanoGPT's model.py trained its way (bf16 autocast, fused AdamW, torch.compile, TF32,
@@ -1001,8 +1029,10 @@ NANOGPT_H100 = RecipeFigure(
     0.362,
     "NVIDIA H100 80GB HBM3",
     (12, 12, 768, 1024, 16, 256),
-    "nanoGPT's model.py on the course's H100 run of 2026-11-26 (torch 2.11, one benchmark at a "
-    "time, 5 rounds of 10 steps, median)",
+    tr_mark(
+        "nanoGPT's model.py on the course's H100 run of 2026-11-26 (torch 2.11, one benchmark at "
+        "a time, 5 rounds of 10 steps, median)"
+    ),
 )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
+import re
 import statistics
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +20,7 @@ from helpers.devices import resolve_device
 from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 from helpers.models import make_mlp
+from helpers.plots import wrap_title
 from helpers.tables import format_table
 from helpers.timing import benchmark
 from helpers.units import Printed
@@ -29,18 +30,59 @@ from helpers.verdicts import Verdict, compare_rows
 #: The fixes in the order the table adds them. The per-step .item() comes after the resident
 #: fix: until then every step also copies its batch from pageable memory with a blocking
 #: .to(device), so removing the .item() could not let the CPU run ahead of the GPU.
+#: The names are data (rows and verdicts look them up); printed, they are translated (_shown_name).
 FIX_NAMES = {
-    "preprocess_once": "preprocess once, vectorised",
-    "resident": "resident tensors, no DataLoader",
-    "no_sync": "no per-step .item() + print",
-    "big_batch": "bigger batch (changes the math)",
+    "preprocess_once": tr_mark("preprocess once, vectorised"),
+    "resident": tr_mark("resident tensors, no DataLoader"),
+    "no_sync": tr_mark("no per-step .item() + print"),
+    "big_batch": tr_mark("bigger batch (changes the math)"),
 }
 
 #: The cumulative variants of the case-study table: each adds one fix to the one before.
-VARIANTS: list[tuple[str, dict[str, bool]]] = [("slow loop, as written", {})] + [
+VARIANTS: list[tuple[str, dict[str, bool]]] = [(tr_mark("slow loop, as written"), {})] + [
     ("+ " + FIX_NAMES[key], dict.fromkeys(list(FIX_NAMES)[: i + 1], True))
     for i, key in enumerate(FIX_NAMES)
 ]
+#: run_fixes' two variants, for the catalog.
+_WIDGET_VARIANTS = (tr_mark("slow loop"), tr_mark("chosen fixes"))
+#: The case-study table's column headers, for the catalog (format_table prints them translated).
+_COLUMNS = (
+    tr_mark("variant"), tr_mark("ms per epoch"), tr_mark("IQR (ms)"),
+    tr_mark("speed-up vs previous"), tr_mark("speed-up vs slow"), tr_mark("final loss"),
+    tr_mark("max |Δ param|"), tr_mark("same result as slow"), tr_mark("ms"),
+)  # fmt: skip
+#: The "same result as slow" column's words: the rows keep them (the notebook checks them),
+#: the printed table translates them.
+_SAME_WORDS = (tr_mark("yes"), tr_mark("NO"))
+_DIFFERENT_MATH = tr_mark("different math (batch {batch}, {steps} steps)")
+
+
+def _shown_name(name: str) -> str:
+    """A variant's name in the learner's language: '+ ' and a fix, or a name of its own (chapter 6)."""
+    if name.startswith("+ ") and name[2:] in FIX_NAMES.values():
+        return "+ " + tr(name[2:])
+    return tr(name)
+
+
+def _shown_same(value: object) -> object:
+    """A "same result as slow" cell in the learner's language (chapter 6)."""
+    if value in _SAME_WORDS:
+        return tr(str(value))
+    found = re.fullmatch(r"different math \(batch (\d+), (\d+) steps\)", str(value))
+    if found:
+        return tr(_DIFFERENT_MATH).format(batch=found[1], steps=found[2])
+    return value
+
+
+def _shown_rows(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The case-study rows with their names and words translated, for printing (chapter 6)."""
+    shown = []
+    for r in rows:
+        row = {**r, "variant": _shown_name(str(r["variant"]))} if "variant" in r else dict(r)
+        if "same result as slow" in row:
+            row["same result as slow"] = _shown_same(row["same result as slow"])
+        shown.append(row)
+    return shown
 
 
 def make_model() -> nn.Module:
@@ -194,7 +236,11 @@ def same_result(a: RunResult, b: RunResult, atol: float = 1e-6) -> bool:
 def _check_fixes(fixes: dict[str, bool]) -> None:
     """A clear error for a fix the case study does not have (chapter 6)."""
     if unknown := set(fixes) - set(FIX_NAMES):
-        raise ValueError(f"Unknown fix(es) {sorted(unknown)}; choose from {sorted(FIX_NAMES)}.")
+        raise ValueError(
+            tr("Unknown fix(es) {unknown}; choose from {known}.").format(
+                unknown=sorted(unknown), known=sorted(FIX_NAMES)
+            )
+        )
 
 
 @dataclass(repr=False)
@@ -261,7 +307,7 @@ def _row(
     """One row of the case-study table (chapter 6)."""
     result = timing.result
     if timing.fixes.get("big_batch"):
-        same = f"different math (batch {cs.big_batch_size}, {result.steps} steps)"
+        same = _DIFFERENT_MATH.format(batch=cs.big_batch_size, steps=result.steps)
     else:
         same = "yes" if same_result(result, slow.result) else "NO"
     return {
@@ -290,8 +336,9 @@ class CaseStudyTable(Printed):
         return merge_states([s for s in self.states if s is not None])
 
     def compare(self, a: int, b: int) -> Verdict:
-        """Row `a` against row `b` (indices), read from the rows by compare_rows (chapter 6)."""
-        rows, states = self.rows, [s for s in (self.states[a], self.states[b]) if s is not None]
+        """Row `a` against row `b` (indices), read from the rows by compare_rows, names translated (chapter 6)."""
+        rows = _shown_rows(self.rows)
+        states = [s for s in (self.states[a], self.states[b]) if s is not None]
         return compare_rows(
             rows, "variant", rows[a]["variant"], rows[b]["variant"], "ms per epoch",
             iqr="IQR (ms)", machine=states or None,
@@ -302,10 +349,10 @@ class CaseStudyTable(Printed):
         return [self.compare(i, i - 1) for i in range(1, len(self.rows))]
 
     def __str__(self) -> str:
-        return (
-            f"{format_table(self.rows)}\n"
-            f"median and IQR of {self.rounds} interleaved rounds; {self.machine or 'machine: unknown'}"
-        )
+        machine = str(self.machine) if self.machine else tr("machine: unknown")
+        return f"{format_table(_shown_rows(self.rows))}\n" + tr(
+            "median and IQR of {rounds} interleaved rounds; {machine}"
+        ).format(rounds=self.rounds, machine=machine)
 
 
 def case_study_table(
@@ -320,15 +367,15 @@ def case_study_table(
 def plot_case_study(rows: list[dict[str, object]]) -> Figure:
     """Horizontal bars of time per epoch for each variant, labelled with the speed-up (chapter 6)."""
     if not rows:
-        raise ValueError("No case-study rows to plot: run case_study_table() first.")
-    names = [str(r["variant"]) for r in rows][::-1]
+        raise ValueError(tr("No case-study rows to plot: run case_study_table() first."))
+    names = [_shown_name(str(r["variant"])) for r in rows][::-1]
     ms = [float(r["ms per epoch"]) for r in rows][::-1]
     fig, ax = plt.subplots(figsize=(7.0, 0.55 * len(rows) + 1.2))
     bars = ax.barh(names, ms, color="tab:blue")
     ax.bar_label(bars, [f" {r['speed-up vs slow']:.1f}x" for r in rows[::-1]])
-    ax.set_xlabel("ms per epoch (median)")
+    ax.set_xlabel(tr("ms per epoch (median)"))
     ax.set_xlim(0, max(ms) * 1.2)
-    ax.set_title("Case study: each fix added to the previous ones")
+    ax.set_title(tr("Case study: each fix added to the previous ones"))
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -349,13 +396,15 @@ def run_fixes(
     fixes["big_batch"] = big_batch  # the keys in the table's order (FIX_NAMES)
     variants = [("slow loop", {}), ("chosen fixes", fixes)]
     slow, fixed = time_interleaved(cs, device, variants, rounds, min_run_time=0.02)
-    rows = [
-        {"variant": t.name, "ms": t.median * 1e3, "IQR (ms)": t.iqr * 1e3} for t in (slow, fixed)
+    rows = [  # named in the learner's language: the verdict prints the names
+        {"variant": tr(t.name), "ms": t.median * 1e3, "IQR (ms)": t.iqr * 1e3}
+        for t in (slow, fixed)
     ]
     states = [s for s in (slow.machine, fixed.machine) if s is not None]
     verdict = compare_rows(
-        rows, "variant", "chosen fixes", "slow loop", "ms", iqr="IQR (ms)", machine=states or None
-    )
+        rows, "variant", tr("chosen fixes"), tr("slow loop"), "ms", iqr="IQR (ms)",
+        machine=states or None,
+    )  # fmt: skip
     return {
         "chosen": [FIX_NAMES[k] for k, on in fixes.items() if on],
         "slow s": slow.median,
@@ -369,12 +418,14 @@ def run_fixes(
 def plot_fixes(result: dict[str, object]) -> Figure:
     """Widget plot: two bars, the slow loop and the chosen fixes, with the verdict (chapter 6)."""
     ms = [float(result["slow s"]) * 1e3, float(result["fixed s"]) * 1e3]
-    label = "\n".join(result["chosen"]) or "no fixes"
+    label = "\n".join(tr(c) for c in result["chosen"]) or tr("no fixes")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.bar(["slow loop", label], ms, color=["tab:red", "tab:green"])
-    title = f"{result['verdict']}; {tr(SAME_RESULT_WORDS[result['same result']])}"
-    ax.set_title(textwrap.fill(title, 70), fontsize=9)
-    ax.set_ylabel("ms per epoch (median)")
+    ax.bar([tr("slow loop"), label], ms, color=["tab:red", "tab:green"])
+    title = tr("{verdict}; {same}").format(
+        verdict=result["verdict"], same=tr(SAME_RESULT_WORDS[result["same result"]])
+    )
+    ax.set_title(wrap_title(title, 70), fontsize=9)
+    ax.set_ylabel(tr("ms per epoch (median)"))
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

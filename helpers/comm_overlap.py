@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from helpers.i18n import tr
+
 Span = tuple[float, float]
 
 #: Substring of every NCCL kernel's name (ncclDevKernel_AllReduce_..., ncclKernel_...); RCCL too.
@@ -42,7 +44,9 @@ def merge_spans(spans: Iterable[Span]) -> list[Span]:
     merged: list[list[float]] = []
     for start, end in sorted((float(s), float(e)) for s, e in spans):
         if end < start:
-            raise ValueError(f"A span ends before it starts: ({start}, {end}).")
+            raise ValueError(
+                tr("A span ends before it starts: ({start}, {end}).").format(start=start, end=end)
+            )
         if merged and start <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
@@ -124,12 +128,18 @@ def allreduce_rounding_bound(abs_sum: list[torch.Tensor], world: int) -> list[to
 def plan_buckets(sizes: Sequence[int], cap_bytes: int) -> list[list[int]]:
     """Indices of `sizes` (bytes) in order, a bucket closed once it holds `cap_bytes` or more, as DDP does (chapter 8)."""
     if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes <= 0:
-        raise ValueError(f"cap_bytes must be a positive whole number of bytes, got {cap_bytes!r}.")
+        raise ValueError(
+            tr("cap_bytes must be a positive whole number of bytes, got {value!r}.").format(
+                value=cap_bytes
+            )
+        )
     buckets: list[list[int]] = [[]]
     filled = 0
     for i, size in enumerate(sizes):
         if size < 0:
-            raise ValueError(f"Sizes are byte counts >= 0, got {size} at index {i}.")
+            raise ValueError(
+                tr("Sizes are byte counts >= 0, got {size} at index {i}.").format(size=size, i=i)
+            )
         buckets[-1].append(i)
         filled += size
         if filled >= cap_bytes:
@@ -147,7 +157,9 @@ def ring_wire_bytes(nbytes: int, world: int) -> float:
     InfiniBand) need only about the buffer once from each rank.
     """
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be a whole number >= 1, got {world!r}.")
+        raise ValueError(
+            tr("world must be a whole number >= 1, got {value!r}.").format(value=world)
+        )
     return 2 * (world - 1) / world * nbytes
 
 
@@ -159,9 +171,9 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> dict[st
     relative gap between a measured time and the line.
     """
     if len(nbytes) != len(seconds) or len(set(nbytes)) < 2:
-        raise ValueError("The fit needs times measured at two or more different sizes.")
+        raise ValueError(tr("The fit needs times measured at two or more different sizes."))
     if min(seconds) <= 0:
-        raise ValueError(f"Times must be positive, got {min(seconds)}.")
+        raise ValueError(tr("Times must be positive, got {value}.").format(value=min(seconds)))
     w = [1 / t**2 for t in seconds]
     sw = sum(w)
     sn = sum(wi * n for wi, n in zip(w, nbytes))
@@ -213,7 +225,11 @@ RENAMED_COLLECTIVES = {
 def collective(name: str) -> Callable[..., Any]:
     """dist.<name> on torch 2.13+, else its old name (RENAMED_COLLECTIVES), never a deprecated one (chapter 8)."""
     if name not in RENAMED_COLLECTIVES:
-        raise ValueError(f"Unknown collective {name!r}; known: {', '.join(RENAMED_COLLECTIVES)}.")
+        raise ValueError(
+            tr("Unknown collective {op!r}; known: {known}.").format(
+                op=name, known=", ".join(RENAMED_COLLECTIVES)
+            )
+        )
     return getattr(dist, name, None) or getattr(dist, RENAMED_COLLECTIVES[name])
 
 
@@ -221,9 +237,17 @@ def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int, int]:
     """(start, stop, shard size): rank's piece of a flat vector of `numel` padded to world x size (chapter 8)."""
     for name, value, low in (("numel", numel, 0), ("world", world, 1), ("rank", rank, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}.")
+            raise ValueError(
+                tr("{name} must be a whole number >= {low}, got {value!r}.").format(
+                    name=name, low=low, value=value
+                )
+            )
     if rank >= world:
-        raise ValueError(f"rank {rank} does not exist in a world of {world} rank(s).")
+        raise ValueError(
+            tr("rank {rank} does not exist in a world of {world} rank(s).").format(
+                rank=rank, world=world
+            )
+        )
     size = -(-numel // world)  # ceil: the last piece is padded with zeros
     return rank * size, (rank + 1) * size, size
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from helpers.batching import ResidentBatches
 from helpers.devices import resolve_device
+from helpers.i18n import tr, tr_mark
 from helpers.loops import make_adam
 from helpers.validate import positive_int
 
@@ -29,17 +30,21 @@ def graph_capture_plan(device: str | torch.device) -> tuple[bool, str]:
     """(capture the step?, why): True only on a CUDA or ROCm device (chapter 2)."""
     device = resolve_device(device)
     if device.type != "cuda":
-        return False, (
-            f"CUDA graphs need a CUDA or ROCm GPU and this is {device.type}: the final loop "
+        return False, tr(
+            "CUDA graphs need a CUDA or ROCm GPU and this is {kind}: the final loop "
             "stays the eager resident loop"
-        )
-    return True, "CUDA: the whole step is captured once per batch shape and replayed"
+        ).format(kind=device.type)
+    return True, tr("CUDA: the whole step is captured once per batch shape and replayed")
 
 
 def batch_shapes(n_samples: int, batch_size: int) -> list[int]:
     """The batch sizes one epoch uses: the full batch, and the short last one if any (chapter 2)."""
     if n_samples < 1 or batch_size < 1:
-        raise ValueError(f"need n_samples >= 1 and batch_size >= 1, got {n_samples}, {batch_size}.")
+        raise ValueError(
+            tr("need n_samples >= 1 and batch_size >= 1, got {n_samples}, {batch_size}.").format(
+                n_samples=n_samples, batch_size=batch_size
+            )
+        )
     full, rest = min(batch_size, n_samples), n_samples % batch_size
     return [full] + ([rest] if rest and n_samples > batch_size else [])
 
@@ -53,6 +58,13 @@ def capturable_adam(params: Iterable[nn.Parameter], lr: float = 1e-3) -> torch.o
     small, relative, and every update about 6e-6 smaller (bias_correction_rows).
     """
     return make_adam(params, lr=lr, impl="capturable")
+
+
+#: bias_correction_rows' column headers, for the catalog (format_table prints them translated).
+_BIAS_COLUMNS = (
+    tr_mark("step t"), tr_mark("1 - β1^t, rel. error"), tr_mark("sqrt(1 - β2^t), rel. error"),
+    tr_mark("update, rel. change"),
+)  # fmt: skip
 
 
 def bias_correction_rows(

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
 import torch
 
 from helpers.dtypes import dtype_name, parse_dtype
+from helpers.i18n import tr, tr_mark
 from helpers.peaks import PEAK_PRECISIONS, UNKNOWN_PEAK, peak_row
+from helpers.tables import padded, screen_width
 from helpers.units import Printed, format_bytes
 from helpers.validate import DeviceError, first_line
 
@@ -19,6 +22,9 @@ DEVICE_ENV = "COURSE_DEVICE"
 
 #: NVIDIA compute capability from which bf16 is native and TF32 exists (Ampere and newer).
 BF16_CAPABILITY = TF32_CAPABILITY = (8, 0)
+
+#: How describe_device words its booleans (printed through tr()).
+_BOOLEANS = (tr_mark("True"), tr_mark("False"))
 
 #: gcnArchName prefixes of ROCm GPUs with bf16 matrix instructions: MI100 to MI350, RX 7000+.
 _ROCM_BF16_ARCHS: tuple[str, ...] = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
@@ -53,8 +59,10 @@ def resolve_device(spec: str | torch.device | None) -> torch.device:
         return pick_device()
     if not isinstance(spec, (str, torch.device)):
         raise DeviceError(
-            f"A device must be a string such as 'cpu' or 'cuda:0', or a torch.device; "
-            f"got {type(spec).__name__} {spec!r}."
+            tr(
+                "A device must be a string such as 'cpu' or 'cuda:0', or a torch.device; "
+                "got {type} {spec!r}."
+            ).format(type=type(spec).__name__, spec=spec)
         )
     found = available_devices()
     here = ", ".join(found)
@@ -62,23 +70,32 @@ def resolve_device(spec: str | torch.device | None) -> torch.device:
         device = torch.device(spec.strip().lower() if isinstance(spec, str) else spec)
     except RuntimeError as exc:
         raise DeviceError(
-            f"{spec!r} is not a device name torch understands ({exc}). "
-            f"Devices on this machine: {here}."
+            tr(
+                "{spec!r} is not a device name torch understands ({error}). "
+                "Devices on this machine: {here}."
+            ).format(spec=spec, error=exc, here=here)
         ) from None
     count = [torch.device(d).type for d in [*found, "meta"]].count(device.type)
     if count == 0:
         hint = {
-            "cuda": "No CUDA/ROCm GPU is visible: check `nvidia-smi` (or `rocm-smi`) and that "
-            "you installed a GPU build of torch (torch.version.cuda is "
-            f"{torch.version.cuda!r}).",
-            "mps": "MPS needs an Apple-silicon Mac with macOS 12.3 or newer.",
-            "xpu": "No Intel GPU is visible to this torch build.",
-        }.get(device.type, "torch has no such device on this machine.")
-        raise DeviceError(f"Device {str(device)!r} is not available. {hint} Devices here: {here}.")
+            "cuda": tr(
+                "No CUDA/ROCm GPU is visible: check `nvidia-smi` (or `rocm-smi`) and that "
+                "you installed a GPU build of torch (torch.version.cuda is {cuda!r})."
+            ).format(cuda=torch.version.cuda),
+            "mps": tr("MPS needs an Apple-silicon Mac with macOS 12.3 or newer."),
+            "xpu": tr("No Intel GPU is visible to this torch build."),
+        }.get(device.type, tr("torch has no such device on this machine."))
+        raise DeviceError(
+            tr("Device {device!r} is not available. {hint} Devices here: {here}.").format(
+                device=str(device), hint=hint, here=here
+            )
+        )
     if device.index is not None and device.index >= count:
         raise DeviceError(
-            f"Device {str(device)!r} does not exist: this machine has {count} "
-            f"{device.type} device(s), numbered 0 to {count - 1}. Devices here: {here}."
+            tr(
+                "Device {device!r} does not exist: this machine has {count} {kind} device(s), "
+                "numbered 0 to {last}. Devices here: {here}."
+            ).format(device=str(device), count=count, kind=device.type, last=count - 1, here=here)
         )
     return device
 
@@ -92,7 +109,11 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
         try:
             return resolve_device(forced)
         except DeviceError as exc:
-            raise DeviceError(f"${DEVICE_ENV}={forced!r}: {exc} Unset it or fix it.") from None
+            raise DeviceError(
+                tr("${name}={value!r}: {error} Unset it or fix it.").format(
+                    name=DEVICE_ENV, value=forced, error=exc
+                )
+            ) from None
     return torch.device(available_devices()[0])
 
 
@@ -115,8 +136,10 @@ def check_dtype(device: str | torch.device, dtype: str | torch.dtype) -> torch.d
         (a @ a).sum().item()
     except (RuntimeError, TypeError) as exc:
         raise DeviceError(
-            f"{device} cannot compute in {dtype_name(dtype)} here ({first_line(exc)}). "
-            f"Choose another dtype (fp32 works everywhere) or another device."
+            tr(
+                "{device} cannot compute in {dtype} here ({error}). "
+                "Choose another dtype (fp32 works everywhere) or another device."
+            ).format(device=device, dtype=dtype_name(dtype), error=first_line(exc))
         ) from None
     return dtype
 
@@ -151,7 +174,7 @@ def cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return platform.processor() or platform.machine() or tr("unknown CPU")
 
 
 @dataclass
@@ -170,28 +193,36 @@ class DeviceInfo(Printed):
     peak_tflops: dict[str, float] = field(default_factory=dict)
 
     def rows(self) -> list[tuple[str, str]]:
-        """The description as (field, value) pairs for printing (chapter 1)."""
-        peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items()) or UNKNOWN_PEAK
+        """The description as (field, value) pairs, in English: code looks fields up by name (chapter 1)."""
+        return self._rows(str)
+
+    def _rows(self, say: Callable[[str], str]) -> list[tuple[str, str]]:
+        """rows(), each field name and worded value passed through `say` (tr() when printed) (chapter 1)."""
+        peaks = ", ".join(f"{k} {v:g}" for k, v in self.peak_tflops.items()) or say(UNKNOWN_PEAK)
         missing = [p for p in PEAK_PRECISIONS if self.peak_tflops and p not in self.peak_tflops]
         if missing:
-            peaks += f" (no fast {', '.join(missing)})"
+            peaks += say(tr_mark(" (no fast {precisions})")).format(precisions=", ".join(missing))
         memory, cc, sms = self.total_memory, self.compute_capability, self.sm_count
-        bf16 = self.bf16_reported
+        bf16, na = self.bf16_reported, say(tr_mark("n/a"))
         return [
-            ("device", self.device),
-            ("kind", self.kind),
-            ("name", self.name),
-            (self.memory_label, "unknown" if memory is None else format_bytes(memory)),
-            ("compute capability", "n/a" if cc is None else f"{cc[0]}.{cc[1]}"),
-            ("SMs / compute units", "n/a" if sms is None else str(sms)),
-            ("bf16 reported by torch", "n/a" if bf16 is None else str(bf16)),
-            ("bf16 in hardware", str(self.bf16_native)),
-            ("datasheet peak TFLOP/s", peaks),
+            (say(tr_mark("device")), self.device),
+            (say(tr_mark("kind")), self.kind),
+            (say(tr_mark("name")), self.name),
+            (
+                say(self.memory_label),
+                say(tr_mark("unknown")) if memory is None else format_bytes(memory),
+            ),
+            (say(tr_mark("compute capability")), na if cc is None else f"{cc[0]}.{cc[1]}"),
+            (say(tr_mark("SMs / compute units")), na if sms is None else str(sms)),
+            (say(tr_mark("bf16 reported by torch")), na if bf16 is None else say(str(bf16))),
+            (say(tr_mark("bf16 in hardware")), say(str(self.bf16_native))),
+            (say(tr_mark("datasheet peak TFLOP/s")), peaks),
         ]
 
     def __str__(self) -> str:
-        width = max(len(k) for k, _ in self.rows())
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
+        rows = self._rows(lambda text: tr(text) if text else text)
+        width = max(screen_width(k) for k, _ in rows)
+        return "\n".join(f"{padded(k, width, left=True)}  {v}" for k, v in rows)
 
 
 def describe_device(device: str | torch.device | None = None) -> DeviceInfo:
@@ -206,7 +237,7 @@ def describe_device(device: str | torch.device | None = None) -> DeviceInfo:
             kind="rocm" if is_rocm() else "cuda",
             name=props.name,
             total_memory=props.total_memory,
-            memory_label="GPU memory",
+            memory_label=tr_mark("GPU memory"),
             compute_capability=(props.major, props.minor),
             sm_count=props.multi_processor_count,
             bf16_reported=torch.cuda.is_bf16_supported(),
@@ -217,21 +248,21 @@ def describe_device(device: str | torch.device | None = None) -> DeviceInfo:
         return DeviceInfo(
             device="mps",
             kind="mps",
-            name=f"Apple GPU (MPS) on {platform.machine()}",
+            name=tr("Apple GPU (MPS) on {machine}").format(machine=platform.machine()),
             total_memory=torch.mps.recommended_max_memory(),
-            memory_label="recommended max memory (shared with the CPU)",
+            memory_label=tr_mark("recommended max memory (shared with the CPU)"),
             bf16_native=native_bf16(device),
         )
     if device.type == "xpu":
         props = torch.xpu.get_device_properties(device)
-        return DeviceInfo(str(device), "xpu", props.name, props.total_memory, "GPU memory")
+        return DeviceInfo(str(device), "xpu", props.name, props.total_memory, tr_mark("GPU memory"))
     cpu = device.type == "cpu"
     return DeviceInfo(
         device=str(device),
         kind=device.type,
         name=cpu_name() if cpu else device.type,
         total_memory=psutil.virtual_memory().total if cpu else None,
-        memory_label="system RAM (shared with everything else)",
+        memory_label=tr_mark("system RAM (shared with everything else)"),
         sm_count=os.cpu_count() if cpu else None,
         bf16_native=cpu and native_bf16(device),
     )

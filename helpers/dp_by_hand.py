@@ -25,16 +25,29 @@ from helpers.comm_overlap import (
     ring_wire_bytes,
     trace_spans,
 )
+from helpers.i18n import tr, tr_mark
+from helpers.sharding import RESIZED
 from helpers.units import MiB, format_bytes
 
-#: How each way appears in the tables, in the order the chapter introduces them.
+#: How each way appears in the tables, in the order the chapter introduces them (the rows' "way",
+#: which the notebook's verdicts name: kept as they are; the plot translates them).
 WAY_NAMES = {
     "ddp": "DDP",
-    "per_param": "(a) per parameter",
-    "flat": "(b) one flat all-reduce",
-    "overlap": "(c) overlapped hooks",
-    "bucketed": "(d) buckets, overlapped",
+    "per_param": tr_mark("(a) per parameter"),
+    "flat": tr_mark("(b) one flat all-reduce"),
+    "overlap": tr_mark("(c) overlapped hooks"),
+    "bucketed": tr_mark("(d) buckets, overlapped"),
 }
+#: The tables' column names (keys the notebook reads; a printed table translates them).
+_COLUMNS = (
+    tr_mark("way"), tr_mark("max |grad - DDP|"), tr_mark("within the bound"),
+    tr_mark("same on every rank"), tr_mark("step ms"),
+    tr_mark("saving vs (b) ms"), tr_mark("backward ms"), tr_mark("stretch ms"),
+    tr_mark("all-reduce calls"), tr_mark("to all-reduce MiB"), tr_mark("on the wire MiB/rank"),
+    tr_mark("buffer"), tr_mark("median ms"),
+    tr_mark("on the wire/rank"), tr_mark("cap MiB"), tr_mark("buckets"),
+    tr_mark("measured wait ms"), tr_mark("model wait ms"),
+)  # fmt: skip
 #: What the profiler calls an all-reduce on its timeline: gloo's thread on CPU, NCCL's kernels on GPU.
 TRACE_COMM = ("gloo:all_reduce", "nccl")
 
@@ -123,30 +136,38 @@ def allreduce_fit(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[st
 def fit_line(fit: dict[str, Any], world: int) -> str:
     """The fit in words: alpha in µs, 1/beta as bandwidth, and whether the line describes the times (chapter 8)."""
     alpha, beta = fit["alpha s"], fit["beta s/B"]
-    said = f"alpha = {alpha * 1e6:.1f} µs per call, beta = {beta * 1e9:.3f} ns per byte"
+    said = tr("alpha = {alpha:.1f} µs per call, beta = {beta:.3f} ns per byte").format(
+        alpha=alpha * 1e6, beta=beta * 1e9
+    )
     if beta > 0:
         wire = ring_wire_bytes(1, world) / beta / 1e9
-        said += (
-            f" (1/beta = {1e-9 / beta:.2f} GB/s of buffer, {wire:.2f} GB/s on the wire per rank)"
-        )
-    said += f"; largest gap between a measured time and the line: {fit['worst gap']:.0%}"
+        said += tr(
+            " (1/beta = {buffer:.2f} GB/s of buffer, {wire:.2f} GB/s on the wire per rank)"
+        ).format(buffer=1e-9 / beta, wire=wire)
+    said += tr("; largest gap between a measured time and the line: {gap:.0%}").format(
+        gap=fit["worst gap"]
+    )
     misses, spread = fit.get("outside the spread", []), fit.get("too spread", [])
     if fit.get("fits"):
-        return f"{said}; the line passes within every size's spread (IQR): the model describes this machine"
+        return said + tr(
+            "; the line passes within every size's spread (IQR): the model describes this machine"
+        )
     if misses:
         n, gap, iqr = max(misses, key=lambda m: m[1] - m[2])
-        why = (
-            f"the line misses {len(misses)} of the sizes by more than their repeats' spread "
-            f"(worst {format_bytes(n)}: {gap * 1e3:.3g} ms off, IQR {iqr * 1e3:.3g} ms)"
-        )
+        why = tr(
+            "the line misses {misses} of the sizes by more than their repeats' spread "
+            "(worst {size}: {gap:.3g} ms off, IQR {iqr:.3g} ms)"
+        ).format(misses=len(misses), size=format_bytes(n), gap=gap * 1e3, iqr=iqr * 1e3)
     elif spread:
         sizes = ", ".join(format_bytes(n) for n in spread)
-        why = (
-            f"the repeats at {sizes} spread (IQR) as wide as their median: too noisy to test a line"
-        )
+        why = tr(
+            "the repeats at {sizes} spread (IQR) as wide as their median: too noisy to test a line"
+        ).format(sizes=sizes)
     else:
-        why = "a negative cost is no cost: the times do not grow with the size here"
-    return f"{said}; {why}: t = alpha + n beta does not describe this machine today, no prediction"
+        why = tr("a negative cost is no cost: the times do not grow with the size here")
+    return said + tr(
+        "; {why}: t = alpha + n beta does not describe this machine today, no prediction"
+    ).format(why=why)
 
 
 def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] | None:
@@ -203,22 +224,35 @@ def bucket_rows(result: dict[str, Any], fit: dict[str, Any]) -> list[dict[str, A
 def predicted_vs_best(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> str:
     """The bucket the model derives against the cap measured fastest, and whether they differ beyond the spreads (chapter 8)."""
     best = min(rows, key=lambda r: r["step ms"])
-    measured = f"best measured: cap {best['cap MiB']:.2f} MiB ({best['buckets']} bucket(s), {best['step ms']:.2f} ms/step)"  # fmt: skip
+    measured = tr(
+        "best measured: cap {cap:.2f} MiB ({buckets} bucket(s), {ms:.2f} ms/step)"
+    ).format(cap=best["cap MiB"], buckets=best["buckets"], ms=best["step ms"])
     if model is None:
-        return f"{measured}; no model to compare"
+        return measured + tr("; no model to compare")
     mib = model["cap bytes"] / MiB
-    said = (
-        f"model: {model['rule']} = {model['bytes'] / MiB:.3g} MiB (G = {model['G bytes'] / MiB:.3g} MiB, "
-        f"B = {model['B s'] * 1e3:.3g} ms): {model['buckets']} bucket(s), a predicted wait of "
-        f"{model['wait s'] * 1e3:.3g} ms; {measured}"
-    )
+    said = tr(
+        "model: {rule} = {size:.3g} MiB (G = {g:.3g} MiB, B = {b:.3g} ms): {buckets} bucket(s), "
+        "a predicted wait of {wait:.3g} ms; {measured}"
+    ).format(
+        rule=model["rule"], size=model["bytes"] / MiB, g=model["G bytes"] / MiB,
+        b=model["B s"] * 1e3, buckets=model["buckets"], wait=model["wait s"] * 1e3,
+        measured=measured,
+    )  # fmt: skip
     near = min(rows, key=lambda r: abs(math.log(r["cap MiB"] / mib)))
     if near is best:
-        return f"{said}: the swept cap nearest the model's is the best"
+        return said + tr(": the swept cap nearest the model's is the best")
     gap, noise = near["step ms"] - best["step ms"], near["IQR ms"] + best["IQR ms"]
-    verdict = "within the spreads" if gap <= noise else "beyond the spreads"
-    tail = ": too close to call" if gap <= noise else ""
-    return f"{said}; the swept cap nearest the model's ({near['cap MiB']:.2f} MiB) is {gap:.2f} ms slower, {verdict} ({noise:.2f} ms){tail}"  # fmt: skip
+    if gap <= noise:
+        text = tr(
+            "; the swept cap nearest the model's ({cap:.2f} MiB) is {gap:.2f} ms slower, within "
+            "the spreads ({noise:.2f} ms): too close to call"
+        )
+    else:
+        text = tr(
+            "; the swept cap nearest the model's ({cap:.2f} MiB) is {gap:.2f} ms slower, beyond "
+            "the spreads ({noise:.2f} ms)"
+        )
+    return said + text.format(cap=near["cap MiB"], gap=gap, noise=noise)
 
 
 def ddp_bucket_line(result: dict[str, Any]) -> str:
@@ -228,22 +262,30 @@ def ddp_bucket_line(result: dict[str, Any]) -> str:
     def mib(sizes: list[int]) -> str:
         return "[" + ", ".join(f"{n / MiB:.2f}" for n in sizes) + "] MiB"
 
-    line = (
-        f"DDP's all-reduces, first step: {mib(ddp['first step sizes'])}; "
-        f"after the rebuild: {mib(ddp['instrumented'][-1]['sizes'])}"
+    line = tr("DDP's all-reduces, first step: {first}; after the rebuild: {rebuilt}").format(
+        first=mib(ddp["first step sizes"]), rebuilt=mib(ddp["instrumented"][-1]["sizes"])
     )
     if "ddp default cap sizes" in result:
-        line += f"; at the default cap (bucket_cap_mb=None), after the rebuild: {mib(result['ddp default cap sizes'])}"  # fmt: skip
+        line += tr("; at the default cap (bucket_cap_mb=None), after the rebuild: {sizes}").format(
+            sizes=mib(result["ddp default cap sizes"])
+        )
     return line
 
 
 def peak_parts(at_peak: dict[str, Any] | None, peak: int) -> str:
     """What the meter saw alive at a step's peak: bytes from before the step, then each newer storage with the op that made it (chapter 8)."""
     if at_peak is None:
-        return f"{peak:,} B (the CUDA allocator's peak: no breakdown by tensor)"
-    made = ", ".join(f"{n:,} ({op.removeprefix('aten.')})" for op, n in at_peak["made in the step"])
-    where = at_peak["op"].removeprefix("aten.") or "an in-place resize"
-    return f"{peak:,} B, reached in {where} = {at_peak['from before']:,} from before the step + {made or 'nothing'}"
+        return tr("{peak:,} B (the CUDA allocator's peak: no breakdown by tensor)").format(
+            peak=peak
+        )
+    made = ", ".join(
+        f"{n:,} ({tr(op) if op == RESIZED else op.removeprefix('aten.')})"
+        for op, n in at_peak["made in the step"]
+    )
+    where = at_peak["op"].removeprefix("aten.") or tr("an in-place resize")
+    return tr("{peak:,} B, reached in {where} = {before:,} from before the step + {made}").format(
+        peak=peak, where=where, before=at_peak["from before"], made=made or tr("nothing")
+    )
 
 
 def plot_overlap(result: dict[str, Any], ways: tuple[str, ...] = tuple(WAY_NAMES)) -> Figure:
@@ -255,19 +297,23 @@ def plot_overlap(result: dict[str, Any], ways: tuple[str, ...] = tuple(WAY_NAMES
         comm = [(s * 1e3, (e - s) * 1e3) for s, e in step["comm"]]
         ax.broken_barh(compute, (row + 0.05, 0.4), color="tab:blue")
         ax.broken_barh(comm, (row + 0.5, 0.4), color="tab:orange", alpha=0.6)
-    ax.set_yticks([r + 0.5 for r in range(len(ways))], [WAY_NAMES[w] for w in reversed(ways)])
-    ax.set_xlabel("ms since the step started (rank 0)")
+    ax.set_yticks([r + 0.5 for r in range(len(ways))], [tr(WAY_NAMES[w]) for w in reversed(ways)])
+    ax.set_xlabel(tr("ms since the step started (rank 0)"))
     ax.legend(
         handles=[
             plt.Rectangle((0, 0), 1, 1, color="tab:blue"),
             plt.Rectangle((0, 0), 1, 1, color="tab:orange", alpha=0.6),
         ],
-        labels=["backward computing gradients", "all-reduce in flight"],
+        labels=[tr("backward computing gradients"), tr("all-reduce in flight")],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.12 * 5 / (len(ways) + 1)),  # below the axes, clear of the bars
         ncol=2,
     )
-    ax.set_title(f"One step, {result['world_size']} rank(s) on {result['device']}")
+    ax.set_title(
+        tr("One step, {world} rank(s) on {device}").format(
+            world=result["world_size"], device=result["device"]
+        )
+    )
     fig.tight_layout()
     return fig
 

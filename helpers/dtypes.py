@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from helpers.i18n import tr
 from helpers.validate import DeviceError
 
 #: Each dtype's names, its short name first.
@@ -26,12 +27,18 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     key = str(name).strip().lower().removeprefix("torch.")
     if key in TF32_NAMES:
         raise DeviceError(
-            f"{name!r} is not a dtype: TF32 is how a GPU may compute fp32 matmuls (tensors stay "
-            f"torch.float32). Use 'fp32' and torch.backends.cuda.matmul.allow_tf32, or ask "
-            f"peak_flops(name, 'tf32') for its datasheet peak."
+            tr(
+                "{name!r} is not a dtype: TF32 is how a GPU may compute fp32 matmuls (tensors stay "
+                "torch.float32). Use 'fp32' and torch.backends.cuda.matmul.allow_tf32, or ask "
+                "peak_flops(name, 'tf32') for its datasheet peak."
+            ).format(name=name)
         )
     if key not in _DTYPE_NAMES:
-        raise DeviceError(f"Unknown dtype {name!r}. Use one of: {', '.join(sorted(_DTYPE_NAMES))}.")
+        raise DeviceError(
+            tr("Unknown dtype {name!r}. Use one of: {names}.").format(
+                name=name, names=", ".join(sorted(_DTYPE_NAMES))
+            )
+        )
     return _DTYPE_NAMES[key]
 
 

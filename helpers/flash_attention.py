@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from helpers.i18n import tr
+
 #: Tile sizes of the PyTorch version: queries per tile, keys per tile.
 BLOCK_Q, BLOCK_K = 64, 64
 
@@ -34,11 +36,13 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Clear errors for shapes the tiled attention does not take (chapter 8)."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        raise TypeError("q, k and v must be tensors shaped (batch, heads, sequence, head_dim).")
+        raise TypeError(tr("q, k and v must be tensors shaped (batch, heads, sequence, head_dim)."))
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(
-            f"q, k and v must have one shape (batch, heads, sequence, head_dim); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}."
+            tr(
+                "q, k and v must have one shape (batch, heads, sequence, head_dim); got "
+                "{q}, {k}, {v}."
+            ).format(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
         )
 
 

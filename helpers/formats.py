@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from helpers.dtypes import TF32_NAMES, dtype_name, parse_dtype
+from helpers.i18n import tr, tr_mark
 from helpers.validate import DeviceError
 
 #: The precisions a training step can run in: plain fp32 (AMP off) or autocast to bf16 / fp16.
@@ -34,18 +35,19 @@ def format_bits(dtype: torch.dtype | Any) -> tuple[int, int]:
 def finfo_rows() -> list[dict[str, Any]]:
     """torch.finfo of fp32, tf32, fp16, bf16, fp8 e4m3fn and e5m2, as table rows (chapter 3)."""
     dtypes = [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
-    infos = [("fp32", torch.finfo(torch.float32)), ("tf32 (matmul only)", _TF32)]
+    infos = [("fp32", torch.finfo(torch.float32)), (tr("tf32 (matmul only)"), _TF32)]
     infos += [(dtype_name(dt), torch.finfo(dt)) for dt in dtypes]
+    # the keys are marked for the catalog: print_table shows them in the learner's language
     return [
         {
-            "format": name,
-            "bits": info.bits,
-            "exponent bits": format_bits(info)[0],
-            "mantissa bits": format_bits(info)[1],
+            tr_mark("format"): name,
+            tr_mark("bits"): info.bits,
+            tr_mark("exponent bits"): format_bits(info)[0],
+            tr_mark("mantissa bits"): format_bits(info)[1],
             "eps": info.eps,
-            "max": info.max,
-            "smallest normal": info.smallest_normal,
-            "smallest subnormal": info.smallest_normal * info.eps,
+            tr_mark("max"): info.max,
+            tr_mark("smallest normal"): info.smallest_normal,
+            tr_mark("smallest subnormal"): info.smallest_normal * info.eps,
         }
         for name, info in infos
     ]
@@ -72,12 +74,16 @@ def parse_precision(name: str | torch.dtype) -> torch.dtype:
         dtype = parse_dtype(name)
     except DeviceError:
         raise PrecisionError(
-            f"Unknown precision {name!r}. Use one of {', '.join(PRECISIONS)} "
-            f"(aliases such as 'float16', 'bfloat16' and torch dtypes work too)."
+            tr(
+                "Unknown precision {name!r}. Use one of {choices} "
+                "(aliases such as 'float16', 'bfloat16' and torch dtypes work too)."
+            ).format(name=name, choices=", ".join(PRECISIONS))
         ) from None
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise PrecisionError(
-            f"{dtype_name(dtype)} is not a mixed-precision choice: autocast lowers to bf16 or "
-            f"fp16, and 'fp32' means AMP off. Use one of {', '.join(PRECISIONS)}."
+            tr(
+                "{dtype} is not a mixed-precision choice: autocast lowers to bf16 or "
+                "fp16, and 'fp32' means AMP off. Use one of {choices}."
+            ).format(dtype=dtype_name(dtype), choices=", ".join(PRECISIONS))
         )
     return dtype

@@ -22,12 +22,22 @@ import torch
 from torch import nn
 
 from helpers.devices import resolve_device
+from helpers.i18n import tr
 from helpers.mfu import Peak
 
 #: The torchao releases checked with this course (0.14.1, 0.16.0 and 0.18.0 installed and
 #: trained a converted GPT, emulated, on torch 2.13's CPU build); pyproject's "fp8" extra.
 TORCHAO_RANGE = ">=0.14,<0.19"
 INSTALL_HINT = f"pip install 'torchao{TORCHAO_RANGE}' (or pip install -e '.[fp8]')"
+
+
+def _install_hint() -> str:
+    """INSTALL_HINT in the learner's language: the commands themselves stay as they are (chapter 7)."""
+    return tr("pip install '{package}' (or pip install -e '.[fp8]')").format(
+        package=f"torchao{TORCHAO_RANGE}"
+    )
+
+
 #: FP8 tensor cores start with Ada (8.9) and Hopper (9.0).
 FP8_CAPABILITY = (8, 9)
 
@@ -71,22 +81,22 @@ def fp8_hardware(device: str | torch.device) -> tuple[bool, str]:
     """(has `device` FP8 tensor cores?, why not): an NVIDIA GPU of compute capability 8.9+ (chapter 7)."""
     device = resolve_device(device)
     if device.type != "cuda":
-        return False, (
-            f"FP8 matmuls need an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: "
-            f"Ada, Hopper, Blackwell); this is {device.type}"
-        )
+        return False, tr(
+            "FP8 matmuls need an NVIDIA GPU with FP8 tensor cores (compute capability 8.9+: "
+            "Ada, Hopper, Blackwell); this is {kind}"
+        ).format(kind=device.type)
     if getattr(torch.version, "hip", None):
-        return False, (
+        return False, tr(
             "this course runs torchao's float8 training on NVIDIA GPUs only (AMD's MI300 "
             "has FP8 too, in the fnuz formats torchao handles separately)"
         )
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < FP8_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        return False, (
-            f"{name} is compute capability {major}.{minor}: FP8 tensor cores start at 8.9 "
+        return False, tr(
+            "{name} is compute capability {major}.{minor}: FP8 tensor cores start at 8.9 "
             "(Ada, Hopper)"
-        )
+        ).format(name=name, major=major, minor=minor)
     return True, ""
 
 
@@ -96,7 +106,7 @@ def fp8_available(device: str | torch.device) -> tuple[bool, str]:
     if not ok:
         return ok, why
     if torchao_version() is None:
-        return False, f"torchao is not installed: {INSTALL_HINT}"
+        return False, tr("torchao is not installed: {hint}").format(hint=_install_hint())
     return True, ""
 
 
@@ -107,12 +117,16 @@ def fp8_plan(device: str | torch.device) -> tuple[str, str]:
     if ok and have_torchao:
         return "native", ""
     if ok:  # an FP8 GPU: measured for real, or not at all (emulating would hide a failure)
-        return "none", f"torchao is not installed: {INSTALL_HINT}"
+        return "none", tr("torchao is not installed: {hint}").format(hint=_install_hint())
     if torch.device(device).type == "mps":  # the emulation casts to float8 on the device
-        return "none", f"{why}; MPS has no float8 dtypes to emulate FP8's rounding with"
+        return "none", tr("{why}; MPS has no float8 dtypes to emulate FP8's rounding with").format(
+            why=why
+        )
     if have_torchao:
         return "emulated", why
-    return "none", f"{why}; the emulated rounding needs torchao: {INSTALL_HINT}"
+    return "none", tr("{why}; the emulated rounding needs torchao: {hint}").format(
+        why=why, hint=_install_hint()
+    )
 
 
 def fp8_layer_filter(module: nn.Module, name: str) -> bool:
@@ -126,7 +140,9 @@ def convert_fp8(model: nn.Module, *, emulate: bool = False) -> nn.Module:
     """Swap `model`'s Linear layers (fp8_layer_filter) for torchao's Float8Linear, in place (chapter 7)."""
     if torchao_version() is None:
         raise ModuleNotFoundError(
-            f"FP8 training needs torchao, which is not installed: {INSTALL_HINT}."
+            tr("FP8 training needs torchao, which is not installed: {hint}.").format(
+                hint=_install_hint()
+            )
         )
     # imported here, not at the top: an optional package whose import takes seconds
     float8 = importlib.import_module("torchao.float8")
@@ -153,4 +169,4 @@ def fp8_peak(device: str | torch.device) -> Peak | None:
     )
     if tflops is None:
         return None
-    return Peak(tflops * 1e12, f"datasheet dense FP8 peak of {name}", False)
+    return Peak(tflops * 1e12, tr("datasheet dense FP8 peak of {name}").format(name=name), False)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.i18n import tr
 from helpers.validate import positive_int
 
 ATTENTIONS = ("manual", "sdpa")
@@ -41,11 +42,17 @@ class GPTConfig:
             positive_int(getattr(self, name), name)
         if self.d_model % self.n_head:
             raise ValueError(
-                f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head}): "
-                "each head gets d_model // n_head channels."
+                tr(
+                    "d_model ({d_model}) must be a multiple of n_head ({n_head}): "
+                    "each head gets d_model // n_head channels."
+                ).format(d_model=self.d_model, n_head=self.n_head)
             )
         if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}.")
+            raise ValueError(
+                tr("attention must be one of {choices}, got {value!r}.").format(
+                    choices=ATTENTIONS, value=self.attention
+                )
+            )
 
 
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,10 @@ also put in ``COURSE_LANG``, so processes the notebook starts (torchrun's ranks)
 from __future__ import annotations
 
 import gettext
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"
 DOMAIN = "helpers"
@@ -57,7 +59,7 @@ def _catalog() -> gettext.NullTranslations:
 
 def tr(message: str) -> str:
     """`message` in the current language: the English itself, or its translation (chapter 1)."""
-    return _catalog().gettext(message)
+    return _catalog().gettext(message) if message else message  # gettext("") is the header
 
 
 def tr_mark(message: str) -> str:
@@ -73,18 +75,50 @@ CJK_FONTS = (
     # one matplotlib before 3.11 reads; it has every Chinese character, in Japanese shapes
     "Noto Sans CJK JP",
 )  # fmt: skip
+#: The package that installs a CJK font with the course (requirements.txt, pyproject.toml): Noto
+#: Sans SC Regular (SIL Open Font License 1.1; every GB2312 and GBK hanzi), a data-only wheel.
+CJK_FONT_PACKAGE = "pylopdf_fonts_zh_cn"
+
+
+def course_cjk_font_file() -> Path | None:
+    """The CJK font file installed with the course (Noto Sans SC), or None without its package (chapter 1)."""
+    try:
+        package = importlib.import_module(CJK_FONT_PACKAGE)
+    except ImportError:
+        return None
+    path = Path(package.__file__).with_name("NotoSansSC-Regular.otf")
+    return path if path.is_file() else None
+
+
+def _course_font_name(font_manager: ModuleType) -> str | None:
+    """Register the course's CJK font with matplotlib (once; never downloads); its family name."""
+    path = course_cjk_font_file()
+    if path is None:
+        return None
+    entries = font_manager.fontManager.ttflist
+    if not any(f.fname == str(path) for f in entries):
+        font_manager.fontManager.addfont(str(path))
+    return next(f.name for f in entries if f.fname == str(path))
 
 
 def use_cjk_font() -> str | None:
-    """Let plots draw Chinese: an installed CJK font goes first in matplotlib's sans-serif list (chapter 1).
+    """Let plots draw Chinese: a CJK font goes first in matplotlib's sans-serif list (chapter 1).
 
-    Returns the font's name, or None when none is installed (Chinese in a plot title then shows
-    as empty boxes: install one, e.g. Debian's fonts-noto-cjk).
+    An installed system font of CJK_FONTS with Chinese shapes first, in that order; else the Noto
+    Sans SC file the course installs (pylopdf-fonts-zh-cn), registered with matplotlib from its
+    package (nothing is downloaded); else Noto Sans CJK JP (Japanese shapes). Returns the font's name, or None when there is neither (Chinese in a plot
+    title then shows as empty boxes: `pip install pylopdf-fonts-zh-cn`, or install a system
+    font, e.g. Debian's fonts-noto-cjk).
     """
     from matplotlib import font_manager, rcParams
 
     installed = {f.name for f in font_manager.fontManager.ttflist}
-    found = next((name for name in CJK_FONTS if name in installed), None)
+    chinese_shapes, japanese_shapes = CJK_FONTS[:-1], CJK_FONTS[-1]
+    found = next((name for name in chinese_shapes if name in installed), None)
+    if found is None:  # the course's Noto Sans SC before a font with Japanese shapes
+        found = _course_font_name(font_manager)
+    if found is None and japanese_shapes in installed:
+        found = japanese_shapes
     if found is not None:
         rcParams["font.sans-serif"] = [
             found,

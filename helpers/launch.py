@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import torch
 
+from helpers.i18n import tr, tr_mark
 from helpers.processes import ProcessFamily, cpu_cores, gpu_count
 from helpers.scripts.common import BACKEND_ENV, BACKENDS, JOB_MARKER, PG_FILE_ENV, READY_MARKER
 from helpers.units import Printed
@@ -50,8 +51,10 @@ def script_path(name: str | Path) -> Path:
         if path.is_file() and path.stem not in _NOT_SCRIPTS:
             return path.resolve()
     raise FileNotFoundError(
-        f"No script {text!r}. Give the path of an existing .py file, or one of the course's "
-        f"scripts: {', '.join(available_scripts())}."
+        tr(
+            "No script {name!r}. Give the path of an existing .py file, or one of the course's "
+            "scripts: {scripts}."
+        ).format(name=text, scripts=", ".join(available_scripts()))
     )
 
 
@@ -63,7 +66,11 @@ def script_source(name: str | Path, function: str | None = None) -> str:
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == function:
             return ast.get_source_segment(text, node) or ""
-    raise LaunchError(f"{script_path(name).name} has no function or class named {function!r}.")
+    raise LaunchError(
+        tr("{file} has no function or class named {function!r}.").format(
+            file=script_path(name).name, function=function
+        )
+    )
 
 
 def as_flags(options: dict[str, Any]) -> list[str]:
@@ -81,13 +88,17 @@ def as_flags(options: dict[str, Any]) -> list[str]:
 def one_launch_args(jobs: Sequence[tuple[str, Sequence[Any]]]) -> list[str]:
     """[('ddp_train', ['--out', d]), ...] -> the arguments of one_launch.py: jobs joined by --then (chapter 4)."""
     if not jobs:
-        raise LaunchError("No jobs: give [(script name, [its options]), ...], one pair per job.")
+        raise LaunchError(
+            tr("No jobs: give [(script name, [its options]), ...], one pair per job.")
+        )
     words: list[str] = []
     for name, options in jobs:
         if isinstance(name, (list, tuple)) or isinstance(options, (str, bytes)):
             raise LaunchError(
-                f"Each job is a pair (script name, [its options]), e.g. ('ddp_train', ['--out', "
-                f"folder]); got {(name, options)!r}."
+                tr(
+                    "Each job is a pair (script name, [its options]), e.g. ('ddp_train', ['--out', "
+                    "folder]); got {job!r}."
+                ).format(job=(name, options))
             )
         words += ["--then", str(name), *[str(o) for o in options]]
     return words[1:]
@@ -106,13 +117,17 @@ def check_backend(backend: str | None, nproc: int = 2) -> str:
     name = str(backend).strip().lower()
     if name not in BACKENDS:
         raise LaunchError(
-            f"Unknown backend {backend!r}. Use 'gloo' (CPU, works everywhere), 'nccl' "
-            f"(NVIDIA/AMD GPUs, one per rank), or None to choose from the device."
+            tr(
+                "Unknown backend {backend!r}. Use 'gloo' (CPU, works everywhere), 'nccl' "
+                "(NVIDIA/AMD GPUs, one per rank), or None to choose from the device."
+            ).format(backend=backend)
         )
     if name == "nccl" and gpu_count() == 0:
         raise LaunchError(
-            "The 'nccl' backend needs CUDA (or ROCm) GPUs, and torch sees none here. "
-            "Use backend='gloo', which runs the same scripts on CPU processes."
+            tr(
+                "The 'nccl' backend needs CUDA (or ROCm) GPUs, and torch sees none here. "
+                "Use backend='gloo', which runs the same scripts on CPU processes."
+            )
         )
     return name
 
@@ -126,20 +141,24 @@ def check_nproc(nproc: Any, backend: str, tiny_job: bool = False) -> int:
     try:
         n = positive_int(nproc, "nproc")
     except ValueError as exc:
-        raise LaunchError(f"{exc} It is the number of processes (ranks) to start.") from None
+        raise LaunchError(
+            tr("{error} It is the number of processes (ranks) to start.").format(error=exc)
+        ) from None
     limit = max_processes(backend)
     if tiny_job and backend == "gloo":
         limit = max(limit, TINY_JOB_RANKS)
     if n > limit:
-        why = (
-            f"nccl needs one GPU per rank and torch sees {gpu_count()}"
-            if backend == "nccl"
-            else f"gloo runs one CPU process per rank and this machine has {cpu_cores()} core(s)"
-        )
-        raise LaunchError(
-            f"nproc={n} is more than this machine allows ({limit}): {why}. Use nproc <= {limit}"
-            + (", or backend='gloo'." if backend == "nccl" else ".")
-        )
+        if backend == "nccl":
+            text = tr(
+                "nproc={n} is more than this machine allows ({limit}): nccl needs one GPU per "
+                "rank and torch sees {gpus}. Use nproc <= {limit}, or backend='gloo'."
+            )
+        else:
+            text = tr(
+                "nproc={n} is more than this machine allows ({limit}): gloo runs one CPU process "
+                "per rank and this machine has {cores} core(s). Use nproc <= {limit}."
+            )
+        raise LaunchError(text.format(n=n, limit=limit, gpus=gpu_count(), cores=cpu_cores()))
     return n
 
 
@@ -157,8 +176,10 @@ def torchrun_command(
     """The torchrun command: rendezvous at HOST:PORT (multi-node) or in a file in rdzv_dir (chapter 4)."""
     if (rdzv_endpoint is None) == (rdzv_dir is None):
         raise LaunchError(
-            "Give exactly one of rdzv_endpoint='HOST:PORT' (a TCP rendezvous, needed across "
-            "machines) or rdzv_dir=FOLDER (one machine: the rendezvous is a file, no port opens)."
+            tr(
+                "Give exactly one of rdzv_endpoint='HOST:PORT' (a TCP rendezvous, needed across "
+                "machines) or rdzv_dir=FOLDER (one machine: the rendezvous is a file, no port opens)."
+            )
         )
     endpoint = rdzv_endpoint if rdzv_dir is None else Path(rdzv_dir) / "rendezvous"
     head = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
@@ -246,7 +267,11 @@ class LaunchResult(Printed):
         """The lines printed during one job of a one_launch.py run, its marker excluded (chapter 4)."""
         marker = f"{JOB_MARKER} {job}"
         if marker not in self.lines:
-            raise LaunchError(f"No job {job!r} in this launch: its jobs were {self.jobs()}.")
+            raise LaunchError(
+                tr("No job {job!r} in this launch: its jobs were {jobs}.").format(
+                    job=job, jobs=self.jobs()
+                )
+            )
         rest = self.lines[self.lines.index(marker) + 1 :]
         end = next((i for i, ln in enumerate(rest) if ln.startswith(JOB_MARKER)), len(rest))
         return rest[:end]
@@ -258,12 +283,23 @@ class LaunchResult(Printed):
         ]
 
     def __str__(self) -> str:
-        state = "ok" if self.ok else "FAILED"
-        return (
-            f"torchrun, {self.nproc} x {self.backend}: {state}, exit code {self.returncode}, "
-            f"{self.seconds:.1f} s, {len(self.lines)} output lines"
-            + (f"\n{self.message}" if self.message else "")
+        text = (
+            tr(
+                "torchrun, {nproc} x {backend}: ok, exit code {code}, {seconds:.1f} s, {n} output lines"
+            )
+            if self.ok
+            else tr(
+                "torchrun, {nproc} x {backend}: FAILED, exit code {code}, {seconds:.1f} s, "
+                "{n} output lines"
+            )
         )
+        return text.format(
+            nproc=self.nproc,
+            backend=self.backend,
+            code=self.returncode,
+            seconds=self.seconds,
+            n=len(self.lines),
+        ) + (f"\n{self.message}" if self.message else "")
 
 
 # torchrun's agent logs the first failure of each attempt as "failed (exitcode: 1) local_rank: 0 ..."
@@ -292,37 +328,52 @@ def _report_failures(lines: list[str]) -> list[tuple[str, int]]:
     return list(dict.fromkeys(found))  # root cause first, each rank once
 
 
+#: How a failure message names one rank's failure, by what is known of its order (_said).
+_SAID = {
+    "": tr_mark("rank {rank} (exit code {code}) {how}"),
+    "failed": tr_mark("rank {rank} failed (exit code {code}) {how}"),
+    "failed first": tr_mark("rank {rank} failed first (exit code {code}) {how}"),
+    "most likely failed first": tr_mark(
+        "rank {rank} most likely failed first (exit code {code}) {how}"
+    ),
+}
+
+
 def _said(rank: str, code: int, errors: dict[str | None, str], verb: str = "") -> str:
-    """'rank 1 VERB (exit code 3) with ITS ERROR' for a failure message (chapter 4)."""
+    """'rank 1 VERB (exit code 3) with ITS ERROR' for a failure message, VERB a key of _SAID (chapter 4)."""
     why = errors.get(rank)
     how = (
-        f"with {why}"
+        tr("with {error}").format(error=why)
         if why
-        else "without a Python traceback (it crashed, was killed, or called os._exit)"
+        else tr("without a Python traceback (it crashed, was killed, or called os._exit)")
     )
-    return f"rank {rank} {verb + ' ' if verb else ''}(exit code {code}) {how}"
+    return tr(_SAID[verb]).format(rank=rank, code=code, how=how)
 
 
 def explain_failure(result: LaunchResult, timeout: float) -> str:
     """One clear paragraph on why a launch failed, read from torchrun's report (chapter 4)."""
     n = len(result.killed_pids)
     if result.interrupted:
-        return f"Interrupted after {result.seconds:.1f} s: killed torchrun and its workers ({n} processes)."
+        return tr(
+            "Interrupted after {seconds:.1f} s: killed torchrun and its workers ({n} processes)."
+        ).format(seconds=result.seconds, n=n)
     if result.timed_out:
-        return (
-            f"Stopped at the {timeout:g} s timeout: the job had not finished, so torchrun and its "
-            f"workers ({n} processes) were killed. A rank may be waiting for a peer that is gone "
-            f"or stuck; read the output above, or pass a larger timeout= if the job is just slow."
-        )
-    head = f"torchrun exited with code {result.returncode} after {result.seconds:.1f} s: "
-    tail = " torchrun stopped the remaining ranks; the full report is above."
+        return tr(
+            "Stopped at the {timeout:g} s timeout: the job had not finished, so torchrun and its "
+            "workers ({n} processes) were killed. A rank may be waiting for a peer that is gone "
+            "or stuck; read the output above, or pass a larger timeout= if the job is just slow."
+        ).format(timeout=timeout, n=n)
+    head = tr("torchrun exited with code {code} after {seconds:.1f} s: ").format(
+        code=result.returncode, seconds=result.seconds
+    )
+    tail = tr(" torchrun stopped the remaining ranks; the full report is above.")
     found = [m.groups() for ln in result.lines if (m := _EXC_LINE.match(ln.strip()))]
     errors: dict[str | None, str] = {
         r: e if len(e) <= 160 else e[:159] + "…" for r, e in found if "ChildFailedError" not in e
     }  # the last error each rank printed
     failed = _report_failures(result.lines)
     if not failed:
-        return head + "a rank failed." + tail
+        return head + tr("a rank failed.") + tail
 
     # ranks that exited by themselves; torchrun's "first observed failure" is only the earliest
     # to the whole second, and a rank that lost its peer fails a moment after the one that broke
@@ -330,20 +381,33 @@ def explain_failure(result: LaunchResult, timeout: float) -> str:
     if len(own) == 1:
         rank, code = own[0]
         others = [f"rank {r}: {e}" for r, e in errors.items() if r is not None and r != rank]
-        then = f" The others then lost their peer ({others[0]})." if others else ""
-        return head + _said(rank, code, errors, "failed first") + "." + then + tail
+        then = (
+            tr(" The others then lost their peer ({first}).").format(first=others[0])
+            if others
+            else ""
+        )
+        said = tr("{failures}.").format(failures=_said(rank, code, errors, "failed first"))
+        return head + said + then + tail
     broke = [(r, c) for r, c in own if not _LOST_PEER.search(errors.get(r, ""))]
     if len(broke) == 1:
         rank, code = broke[0]
-        lost = "; ".join(_said(r, c, errors) for r, c in own if r != rank)
-        who = f"{_said(rank, code, errors, 'most likely failed first')}; the others then lost their peer: {lost}."
+        lost = tr("; ").join(_said(r, c, errors) for r, c in own if r != rank)
+        who = tr("{first}; the others then lost their peer: {lost}.").format(
+            first=_said(rank, code, errors, "most likely failed first"), lost=lost
+        )
     else:
-        who = "; ".join(_said(r, c, errors, "failed") for r, c in own) + "."
-    names = ", ".join(r for r, _ in own[:-1]) + f" and {own[-1][0]}"
+        who = tr("{failures}.").format(
+            failures=tr("; ").join(_said(r, c, errors, "failed") for r, c in own)
+        )
+    names = tr("{some} and {last}").format(some=", ".join(r for r, _ in own[:-1]), last=own[-1][0])
     return (
-        f"{head}ranks {names} each failed before torchrun looked. {who} torchrun's report names "
-        f"rank {failed[0][0]} as the first observed failure, but it times failures to the whole "
-        f"second, so it cannot order the ones within a second.{tail}"
+        head
+        + tr(
+            "ranks {names} each failed before torchrun looked. {who} torchrun's report names "
+            "rank {first} as the first observed failure, but it times failures to the whole "
+            "second, so it cannot order the ones within a second."
+        ).format(names=names, who=who, first=failed[0][0])
+        + tail
     )
 
 
@@ -359,7 +423,7 @@ class _HideLauncherTraceback:
             final = line.startswith("torch.distributed.elastic.multiprocessing.errors.")
             self.hiding = not (final or line.startswith("====="))  # until its report
             if not self.hiding:
-                self.say("(torchrun's own traceback is hidden; its report follows)")
+                self.say(tr("(torchrun's own traceback is hidden; its report follows)"))
             if self.hiding or final:
                 return
         elif held:
@@ -431,7 +495,11 @@ def launch(
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise LaunchError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}.")
+        raise LaunchError(
+            tr("max_restarts must be a whole number >= 0, got {value!r}.").format(
+                value=max_restarts
+            )
+        )
     if callable(echo):
         say = echo
     else:  # the notebook, with torchrun's own traceback hidden; or nowhere
@@ -481,9 +549,15 @@ def read_results(out: str | Path, world_size: int | None = None) -> list[dict[st
     files = sorted(out.glob("rank*.pt"), key=lambda p: int(p.stem.removeprefix("rank")))
     if not files:
         raise LaunchError(
-            f"No results in {out}: the script did not get as far as writing them. "
-            f"Read its output for the error."
+            tr(
+                "No results in {out}: the script did not get as far as writing them. "
+                "Read its output for the error."
+            ).format(out=out)
         )
     if world_size is not None and len(files) != world_size:
-        raise LaunchError(f"Expected {world_size} rank files in {out}, found {len(files)}.")
+        raise LaunchError(
+            tr("Expected {want} rank files in {out}, found {found}.").format(
+                want=world_size, out=out, found=len(files)
+            )
+        )
     return [torch.load(f, weights_only=True) for f in files]

@@ -54,15 +54,19 @@ def make_adam(
         "capturable": {"foreach": True, "capturable": True},  # what a CUDA graph needs
     }
     if impl not in flags:
-        raise ValueError(f"impl must be one of {tuple(flags)}, got {impl!r}.")
+        raise ValueError(
+            tr("impl must be one of {kinds}, got {impl!r}.").format(kinds=tuple(flags), impl=impl)
+        )
     params = list(params)
     if impl == "fused":
         devices = {p.device for p in params}
         unsupported = sorted(str(d) for d in devices if best_adam_impl(d) != "fused")
         if unsupported:
             raise RuntimeError(
-                f"Adam(impl='fused') is not supported on {', '.join(unsupported)} with torch "
-                f"{torch.__version__}. Use impl='foreach' (or best_adam_impl(device))."
+                tr(
+                    "Adam(impl='fused') is not supported on {devices} with torch "
+                    "{version}. Use impl='foreach' (or best_adam_impl(device))."
+                ).format(devices=", ".join(unsupported), version=torch.__version__)
             )
     return torch.optim.Adam(params, lr=lr, **flags[impl])
 
@@ -85,7 +89,9 @@ def float32_bias_corrections(impl: str, device: str | torch.device) -> bool:
     """
     kinds = ("for-loop", "foreach", "fused", "capturable")
     if impl not in kinds:
-        raise ValueError(f"impl must be one of {kinds}, got {impl!r}.")
+        raise ValueError(
+            tr("impl must be one of {kinds}, got {impl!r}.").format(kinds=kinds, impl=impl)
+        )
     if impl == "capturable":  # the step count is a float32 tensor: torch._foreach_pow(beta, steps)
         return True
     if impl == "fused":
@@ -97,15 +103,19 @@ def flatten_parameters(model: nn.Module) -> nn.Parameter:
     """Make `model`'s parameters (and .grads) views of one flat tensor (and its .grad); returns it (chapter 2)."""
     params = list(model.parameters())
     if not params:
-        raise ValueError("The model has no parameters to flatten.")
+        raise ValueError(tr("The model has no parameters to flatten."))
     kinds = {(p.device, p.dtype) for p in params}
     if len(kinds) > 1:
         raise ValueError(
-            f"All parameters must share one device and dtype to live in one buffer; got "
-            f"{sorted(f'{d}/{t}' for d, t in kinds)}. Move the model with .to(device, dtype) first."
+            tr(
+                "All parameters must share one device and dtype to live in one buffer; got "
+                "{kinds}. Move the model with .to(device, dtype) first."
+            ).format(kinds=sorted(f"{d}/{t}" for d, t in kinds))
         )
     if not all(p.requires_grad for p in params):
-        raise ValueError("Every parameter must require grad (unfreeze them, or leave them out).")
+        raise ValueError(
+            tr("Every parameter must require grad (unfreeze them, or leave them out).")
+        )
     flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
     flat.grad = torch.zeros_like(flat)
     offset = 0
@@ -130,11 +140,17 @@ class FlatAdam:
     ) -> None:
         if not isinstance(flat, torch.Tensor) or flat.dim() != 1 or flat.grad is None:
             raise ValueError(
-                "FlatAdam needs the 1-D parameter returned by flatten_parameters(model), whose "
-                ".grad is the gradient buffer."
+                tr(
+                    "FlatAdam needs the 1-D parameter returned by flatten_parameters(model), whose "
+                    ".grad is the gradient buffer."
+                )
             )
         if not lr > 0 or not eps > 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"Need lr > 0, eps > 0 and 0 <= betas < 1; got {lr}, {eps}, {betas}.")
+            raise ValueError(
+                tr("Need lr > 0, eps > 0 and 0 <= betas < 1; got {lr}, {eps}, {betas}.").format(
+                    lr=lr, eps=eps, betas=betas
+                )
+            )
         self.flat, self.lr, self.betas, self.eps = flat, float(lr), betas, float(eps)
         self.steps = 0  # a Python int: reading it never syncs
         self.exp_avg = torch.zeros_like(flat)
@@ -203,7 +219,7 @@ def torch_threads(n: int | None) -> Iterator[int]:
     """Run a block with `n` intra-op CPU threads (None: unchanged), then restore the old count (chapter 2)."""
     old = torch.get_num_threads()
     if n is not None:
-        torch.set_num_threads(positive_int(n, "n (threads)"))
+        torch.set_num_threads(positive_int(n, tr("n (threads)")))
     try:
         yield torch.get_num_threads()
     finally:
@@ -213,7 +229,9 @@ def torch_threads(n: int | None) -> Iterator[int]:
 def time_once(fn: Callable[[], object], device: str | torch.device = "cpu") -> float:
     """Seconds one call of fn() takes, syncing the device before and after: for one-off costs like compiling (chapter 2)."""
     if not callable(fn):
-        raise TypeError(f"time_once() needs a function to call, got {type(fn).__name__}.")
+        raise TypeError(
+            tr("time_once() needs a function to call, got {type}.").format(type=type(fn).__name__)
+        )
     device = resolve_device(device)
     synchronize(device)
     start = time.perf_counter()
@@ -255,10 +273,14 @@ def _as_vector(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tenso
         vector = torch.as_tensor(values, dtype=torch.float64, device="cpu").detach().reshape(-1)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(
-            f"{name} must be numbers (a list or a tensor), got {type(values).__name__}."
+            tr("{name} must be numbers (a list or a tensor), got {type}.").format(
+                name=name, type=type(values).__name__
+            )
         ) from exc
     if not torch.isfinite(vector).all():
-        raise ValueError(f"{name} holds a NaN or an infinity: the run diverged.")
+        raise ValueError(
+            tr("{name} holds a NaN or an infinity: the run diverged.").format(name=name)
+        )
     return vector
 
 
@@ -331,15 +353,19 @@ def same_but_for(
     a, b = _as_vector(final, "final"), _as_vector(reference, "reference")
     if a.shape != b.shape:
         raise ValueError(
-            f"Compare runs of the same length: final has {len(a)} values, reference {len(b)}."
+            tr("Compare runs of the same length: final has {a} values, reference {b}.").format(
+                a=len(a), b=len(b)
+            )
         )
     shift, size = torch.zeros_like(a), None
     if effect is not None:
         without, with_ = (_as_vector(v, f"effect[{i}]") for i, v in enumerate(effect))
         if without.shape != a.shape or with_.shape != a.shape:
             raise ValueError(
-                f"The effect's two runs need {len(a)} values each, like final; got "
-                f"{len(without)} and {len(with_)}."
+                tr(
+                    "The effect's two runs need {n} values each, like final; got "
+                    "{without} and {with_}."
+                ).format(n=len(a), without=len(without), with_=len(with_))
             )
         shift = with_ - without  # what the effect alone changes, value by value
         size = shift.abs().max().item() if len(shift) else 0.0

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from helpers.devices import TF32_CAPABILITY, available_devices, check_dtype, is_rocm, resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import PrecisionError, is_tf32
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
 from helpers.loops import time_once, torch_threads
 from helpers.machine_state import MachineState, merge_states
 from helpers.peaks import peak_flops
@@ -25,6 +25,12 @@ from helpers.sweeps import SweepResult, run_sweep
 from helpers.timing import benchmark
 from helpers.validate import DeviceError, positive_int, positive_seconds
 from helpers.verdicts import Verdict, compare_rows
+
+#: The sweeps' column names (row keys), for the catalog: format_table prints them translated.
+_COLUMNS = (
+    tr_mark("time (ms)"), tr_mark("% of peak"), tr_mark("CPU threads"), tr_mark("speed-up"),
+    tr_mark("note"),
+)  # fmt: skip
 
 #: The size a sweep first calibrates on when it starts big, to predict how long a call takes.
 _PROBE_N = 256
@@ -101,8 +107,10 @@ def check_tf32(device: torch.device) -> torch.dtype:
     """torch.float32, the dtype TF32 matmuls read, where `device` has TF32; else a PrecisionError (chapters 1 and 3)."""
     if not tf32_available(device):
         raise PrecisionError(
-            f"TF32 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere+); "
-            f"{device} has none. Use 'fp32' here. Devices here: {', '.join(available_devices())}."
+            tr(
+                "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere+); "
+                "{device} has none. Use 'fp32' here. Devices here: {here}."
+            ).format(device=device, here=", ".join(available_devices()))
         )
     return torch.float32
 
@@ -147,14 +155,18 @@ class MatmulSweep(SweepResult):
 
     def __str__(self) -> str:
         peak = (
-            f"{self.peak / 1e9:,.0f} GFLOP/s (datasheet)"
+            tr("{gflops:,.0f} GFLOP/s (datasheet)").format(gflops=self.peak / 1e9)
             if self.peak
-            else "unknown (no datasheet figure for this device and dtype: the best GFLOP/s of "
-            "a sweep up to large n is its achievable rate)"
+            else tr(
+                "unknown (no datasheet figure for this device and dtype: the best GFLOP/s of "
+                "a sweep up to large n is its achievable rate)"
+            )
         )
-        title = f"{self.dtype} matmul on {self.device}"
-        lines = [title if self.compares_devices else f"{title}; peak {peak}", super().__str__()]
-        lines += [f"skipped {note}" for note in self.skipped]
+        title = tr("{dtype} matmul on {device}").format(dtype=self.dtype, device=self.device)
+        if not self.compares_devices:
+            title = tr("{title}; peak {peak}").format(title=title, peak=peak)
+        lines = [title, super().__str__()]
+        lines += [tr("skipped {note}").format(note=note) for note in self.skipped]
         if self.machine is not None:
             lines.append(str(self.machine))
         return "\n".join(lines)
@@ -163,22 +175,26 @@ class MatmulSweep(SweepResult):
 def _sizes(sizes: Sequence[int] | None, size_range: tuple[int, int] | None) -> list[int]:
     """The sizes to sweep: a list, or the doublings of a (smallest, largest) range (chapter 1)."""
     if sizes is not None and size_range is not None:
-        raise ValueError("Pass either sizes=[...] or size_range=(smallest, largest), not both.")
+        raise ValueError(tr("Pass either sizes=[...] or size_range=(smallest, largest), not both."))
     if sizes is None:
         size_range = (64, 1024) if size_range is None else size_range
         if not isinstance(size_range, (tuple, list)) or len(size_range) != 2:
-            raise ValueError(f"size_range must be (smallest, largest), got {size_range!r}.")
+            raise ValueError(
+                tr("size_range must be (smallest, largest), got {got!r}.").format(got=size_range)
+            )
         small, large = (positive_int(n, w) for n, w in zip(size_range, ("smallest", "largest")))
         if small > large:
             raise ValueError(
-                f"The size range ({small}, {large}) is empty: give the smaller size first."
+                tr(
+                    "The size range ({small}, {large}) is empty: give the smaller size first."
+                ).format(small=small, large=large)
             )
         return [small * 2**i for i in range(int(math.log2(large / small)) + 1)]
     if isinstance(sizes, (int, float)):
         sizes = [sizes]
     sizes = [positive_int(n, "every matrix size n") for n in sizes]
     if not sizes:
-        raise ValueError("The sweep got no sizes: pass at least one, e.g. sizes=[256, 512].")
+        raise ValueError(tr("The sweep got no sizes: pass at least one, e.g. sizes=[256, 512]."))
     return sizes
 
 
@@ -250,14 +266,22 @@ def run_matmul_sweep(
             last.update(n=_PROBE_N, seconds=time_once(lambda: torch.matmul(*small), device))
         if last and last["seconds"] * (n / last["n"]) ** 3 > max_call_seconds:
             guess = last["seconds"] * (n / last["n"]) ** 3
-            return {"skipped": f"(one call would take about {guess:.2g} s, scaling n^3)"}
+            return {
+                "skipped": tr("(one call would take about {guess:.2g} s, scaling n^3)").format(
+                    guess=guess
+                )
+            }
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         first_call = time_once(lambda: torch.matmul(a, b), device)
         if first_call > max_call_seconds:  # a first call may include one-time library set-up
             first_call = min(first_call, time_once(lambda: torch.matmul(a, b), device))
         if first_call > max_call_seconds:
             last.update(n=n, seconds=first_call)
-            return {"skipped": f"(its first two calls took {first_call:.2g} s or more)"}
+            return {
+                "skipped": tr("(its first two calls took {seconds:.2g} s or more)").format(
+                    seconds=first_call
+                )
+            }
         bench = benchmark(
             torch.matmul,
             a,
@@ -277,8 +301,12 @@ def run_matmul_sweep(
 
     with torch_threads(threads):  # the budget's first calls run at the timed thread count too
         result = _run(measure, size_list, "n", dtype, device, progress, states)
-    budget = f"over the {max_call_seconds:g} s per call budget"
-    result.skipped = [f"n={r['n']}: {budget} {r['skipped']}" for r in result.rows if "skipped" in r]
+    budget = tr("n={n}: over the {budget:g} s per call budget {why}")
+    result.skipped = [
+        budget.format(n=r["n"], budget=max_call_seconds, why=r["skipped"])
+        for r in result.rows
+        if "skipped" in r
+    ]
     result.rows = [row for row in result.rows if "skipped" not in row]
     return result
 
@@ -304,7 +332,7 @@ def achievable_rate(
     shape_list = list(shapes or MAMF_SHAPES.get(device.type, MAMF_SHAPES["cpu"]))
     for shape in shape_list:
         if not isinstance(shape, (tuple, list)) or len(shape) != 3:
-            raise ValueError(f"Each shape must be (m, k, n), got {shape!r}.")
+            raise ValueError(tr("Each shape must be (m, k, n), got {shape!r}.").format(shape=shape))
     min_run_time = positive_seconds(min_run_time, "min_run_time")
     states: list[MachineState] = []
 
@@ -335,8 +363,10 @@ def run_speedup(
     device = resolve_device(device)
     if device.type == "cpu":
         raise DeviceError(
-            "The speed-up compares the CPU with an accelerator, so it needs a GPU device; "
-            f"this one is the CPU. Devices here: {', '.join(available_devices())}."
+            tr(
+                "The speed-up compares the CPU with an accelerator, so it needs a GPU device; "
+                "this one is the CPU. Devices here: {here}."
+            ).format(here=", ".join(available_devices()))
         )
     accel = run_matmul_sweep(sizes, dtype, device, **sweep_options)
     threads = torch.get_num_threads()
@@ -364,16 +394,18 @@ def run_speedup(
     ]
     floors = cpu_floor_notes(rows)
     for row in rows:
-        row["note"] = "CPU floor" if row["n"] in floors else ""
-    skipped = [f"on {accel.device}: {s}" for s in accel.skipped]
+        row["note"] = tr("CPU floor") if row["n"] in floors else ""
+    on = tr("on {device}: {note}")
+    skipped = [on.format(device=accel.device, note=s) for s in accel.skipped]
     for count, sweep in cpus.items():
-        skipped += [f"on cpu ({count} thread(s)): {s}" for s in sweep.skipped]
+        where = tr("cpu ({count} thread(s))").format(count=count)
+        skipped += [on.format(device=where, note=s) for s in sweep.skipped]
     return MatmulSweep(
         param="n",
         rows=rows,
         stopped=accel.stopped or cpus[threads].stopped,
         dtype=accel.dtype,
-        device=f"cpu vs {accel.device}",
+        device=tr("cpu vs {device}").format(device=accel.device),
         compares_devices=True,
         skipped=skipped,
         machine=merge_states([accel.machine] + [s.machine for s in cpus.values()]),
@@ -481,29 +513,32 @@ def speedup_verdict(result: MatmulSweep) -> str:
 
 def _no_rows(ax: plt.Axes, result: MatmulSweep) -> None:
     """Say on the axes that nothing was measured, and why (chapter 1)."""
-    why = result.stopped or "; ".join(result.skipped) or "no sizes"
-    ax.text(0.5, 0.5, f"nothing measured:\n{why}", ha="center", va="center", wrap=True)
+    why = result.stopped or "; ".join(result.skipped) or tr("no sizes")
+    text = tr("nothing measured:\n{why}").format(why=why)
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
     ax.set_axis_off()
 
 
 def plot_matmul_sweep(result: MatmulSweep) -> Figure:
     """Two panels: median time per matmul, and achieved GFLOP/s against the datasheet peak (chapter 1)."""
     fig, (ax_t, ax_f) = plt.subplots(1, 2, figsize=(10, 3.8))
-    stopped = " (stopped early: out of memory)" if result.stopped else ""
-    fig.suptitle(f"{result.dtype} matmul on {result.device}{stopped}")
+    title = tr("{dtype} matmul on {device}").format(dtype=result.dtype, device=result.device)
+    if result.stopped:
+        title = tr("{title} (stopped early: out of memory)").format(title=title)
+    fig.suptitle(title)
     if not result.rows:
         _no_rows(ax_t, result)
         _no_rows(ax_f, result)
         return fig
     n = result.column("n")
     ax_t.plot(n, result.column("time (ms)"), marker="o")
-    ax_t.set(xlabel="n (n x n @ n x n)", ylabel="median time per call (ms)", title="time")
+    ax_t.set(xlabel="n (n x n @ n x n)", ylabel=tr("median time per call (ms)"), title=tr("time"))
     ax_t.set_yscale("log")
-    ax_f.plot(n, result.column("GFLOP/s"), marker="o", label="achieved")
+    ax_f.plot(n, result.column("GFLOP/s"), marker="o", label=tr("achieved"))
     if result.peak is not None:
-        ax_f.axhline(result.peak / 1e9, color="grey", linestyle="--", label="datasheet peak")
+        ax_f.axhline(result.peak / 1e9, color="grey", linestyle="--", label=tr("datasheet peak"))
         ax_f.legend()
-    ax_f.set(xlabel="n", ylabel="GFLOP/s", title="throughput (2 n^3 FLOPs / median time)")
+    ax_f.set(xlabel="n", ylabel="GFLOP/s", title=tr("throughput (2 n^3 FLOPs / median time)"))
     ax_f.set_ylim(bottom=0)
     for ax in (ax_t, ax_f):
         ax.set_xscale("log", base=2)
@@ -514,15 +549,15 @@ def plot_matmul_sweep(result: MatmulSweep) -> Figure:
 
 def plot_speedup(result: MatmulSweep) -> Figure:
     """Speed-up of the accelerator over the CPU against n, with the break-even line at 1 (chapter 1)."""
-    title = f"{result.dtype} matmul, {result.device}"
+    title = tr("{dtype} matmul, {device}").format(dtype=result.dtype, device=result.device)
     if not result.rows:
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         ax.set_title(title)
         _no_rows(ax, result)
         return fig
-    ylabel = "speed-up over the CPU (x)"
+    ylabel = tr("speed-up over the CPU (x)")
     fig = plot_sweep(result, "speed-up", ylabel=ylabel, title=title, logx=True, logy=True)
-    fig.axes[0].axhline(1.0, color="grey", linestyle="--", label="break-even")
+    fig.axes[0].axhline(1.0, color="grey", linestyle="--", label=tr("break-even"))
     fig.axes[0].legend()
     return fig
 
@@ -538,8 +573,8 @@ def matmul_controls(device: str | torch.device | None = None) -> dict[str, Any]:
         "size_range": widgets.SelectionRangeSlider(
             options=[2**k for k in range(4, 15)],
             value=default_size_range(device),
-            description="n from, to",
+            description=tr("n from, to"),
         ),
         "dtype": widgets.Dropdown(options=dtype_choices(device), value="fp32", description="dtype"),
-        "device": widgets.Dropdown(options=choices, value=here, description="device"),
+        "device": widgets.Dropdown(options=choices, value=here, description=tr("device")),
     }

@@ -12,7 +12,7 @@ from torch import nn
 
 from helpers.activations import analytic_activation_bytes, measure_activation_bytes
 from helpers.devices import resolve_device
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
 from helpers.memory_bill import autocast_dtype, estimate_training_memory
 from helpers.sweeps import free_cached_memory, is_out_of_memory
 from helpers.tables import format_table
@@ -49,7 +49,9 @@ def _oom_message(text: str) -> str:
 def try_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StepOutcome:
     """Run fn(*args, **kwargs); on out-of-memory free what it held and return a clear message (chapter 5)."""
     if not callable(fn):
-        raise TypeError(f"try_step needs a function to call, got {type(fn).__name__}.")
+        raise TypeError(
+            tr("try_step needs a function to call, got {type}.").format(type=type(fn).__name__)
+        )
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:
@@ -69,7 +71,7 @@ def try_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StepOutcome:
             ).format(head=head),
             summary=head,
         )
-    return StepOutcome(True, "ok", value)
+    return StepOutcome(True, tr("ok"), value)
 
 
 @dataclass
@@ -91,7 +93,13 @@ class MaxBatchResult(Printed):
             head += "  " + tr("[{method}, {n} probes]").format(
                 method=self.method, n=len(self.probes)
             )
-        return f"{head}\n{format_table(self.probes)}"
+        # the columns keep their names (batch, fits, detail); a probe's yes / no is translated
+        shown = [{**p, "fits": tr(p["fits"])} if "fits" in p else p for p in self.probes]
+        return f"{head}\n{format_table(shown)}"
+
+
+#: The words of a probe's "fits" column, for the catalog (translated where the table is printed).
+_FITS_WORDS = (tr_mark("yes"), tr_mark("no"))
 
 
 def _ask(fits: Callable[[int], bool | tuple[bool, str]], batch: int, probes: list[dict]) -> bool:
@@ -99,7 +107,11 @@ def _ask(fits: Callable[[int], bool | tuple[bool, str]], batch: int, probes: lis
     answer = fits(batch)
     ok, detail = answer if isinstance(answer, tuple) else (answer, "")
     if not isinstance(ok, bool):
-        raise TypeError(f"fits({batch}) must return a bool or (bool, str), got {answer!r}.")
+        raise TypeError(
+            tr("fits({batch}) must return a bool or (bool, str), got {answer!r}.").format(
+                batch=batch, answer=answer
+            )
+        )
     probes.append({"batch": batch, "fits": "yes" if ok else "no", "detail": detail})
     return ok
 
@@ -113,11 +125,17 @@ def find_max_batch(
 ) -> MaxBatchResult:
     """Largest batch in [start, limit] that fits (smaller ones assumed to): double, then bisect (chapter 5)."""
     if not callable(fits):
-        raise TypeError(f"fits must be a function of the batch size, got {type(fits).__name__}.")
-    start = positive_int(start, "start (the first batch size to try)")
-    limit = positive_int(limit, "limit (the largest batch size to try)")
+        raise TypeError(
+            tr("fits must be a function of the batch size, got {type}.").format(
+                type=type(fits).__name__
+            )
+        )
+    start = positive_int(start, tr("start (the first batch size to try)"))
+    limit = positive_int(limit, tr("limit (the largest batch size to try)"))
     if limit < start:
-        raise ValueError(f"limit ({limit}) must be >= start ({start}).")
+        raise ValueError(
+            tr("limit ({limit}) must be >= start ({start}).").format(limit=limit, start=start)
+        )
     probes: list[dict[str, Any]] = []
     if not _ask(fits, start, probes):
         raise ValueError(
@@ -149,15 +167,23 @@ def max_batch_under_budget(
 ) -> MaxBatchResult:
     """Largest batch whose training bill fits in `budget_bytes`; safe on every device (chapter 5)."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)):
-        raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}.")
+        raise ValueError(
+            tr("budget_bytes must be a number of bytes, got {budget!r}.").format(
+                budget=budget_bytes
+            )
+        )
     if not budget_bytes > 0:
         raise ValueError(
-            f"budget_bytes must be > 0, got {budget_bytes!r}: nothing fits in no memory. "
-            "Give the budget in bytes, e.g. 2 * 2**30 for 2 GiB."
+            tr(
+                "budget_bytes must be > 0, got {budget!r}: nothing fits in no memory. "
+                "Give the budget in bytes, e.g. 2 * 2**30 for 2 GiB."
+            ).format(budget=budget_bytes)
         )
     budget = int(budget_bytes)
     if method not in ("meter", "estimate"):
-        raise ValueError(f"method must be 'meter' or 'estimate', got {method!r}.")
+        raise ValueError(
+            tr("method must be 'meter' or 'estimate', got {method!r}.").format(method=method)
+        )
     amp = autocast_dtype(precision)
     fixed = estimate_training_memory(
         model, 1, sample_shape, optimizer=optimizer, activation_bytes=0
@@ -200,7 +226,11 @@ def max_batch_before_oom(
 ) -> MaxBatchResult:
     """Largest batch for which step(batch) runs without a real out-of-memory error; not on CPU (chapter 5)."""
     if not callable(step):
-        raise TypeError(f"step must be a function of the batch size, got {type(step).__name__}.")
+        raise TypeError(
+            tr("step must be a function of the batch size, got {type}.").format(
+                type=type(step).__name__
+            )
+        )
     device = resolve_device(device)
     if device.type == "cpu":
         raise ValueError(

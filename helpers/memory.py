@@ -12,6 +12,7 @@ import psutil
 import torch
 
 from helpers.devices import resolve_device, synchronize
+from helpers.i18n import tr, tr_mark
 from helpers.units import format_bytes
 
 
@@ -59,7 +60,10 @@ class PeakMemory:
         return self.peak - self.start
 
     def __str__(self) -> str:
-        return f"peak +{format_bytes(self.increase)} over the start ({self.meter})"
+        meter = tr(self.meter) if self.meter else self.meter  # marked where track_peak sets it
+        return tr("peak +{increase} over the start ({meter})").format(
+            increase=format_bytes(self.increase), meter=meter
+        )
 
 
 @contextmanager
@@ -73,11 +77,11 @@ def track_peak(
     if exact:
         torch.cuda.reset_peak_memory_stats(device)
         read = partial(torch.cuda.memory_allocated, device)
-        meter = "torch.cuda.max_memory_allocated, exact"
+        meter = tr_mark("torch.cuda.max_memory_allocated, exact")
     elif device.type == "mps":
-        read, meter = torch.mps.current_allocated_memory, "MPS allocated, sampled every ms"
+        read, meter = torch.mps.current_allocated_memory, tr_mark("MPS allocated, sampled every ms")
     else:
-        read, meter = process_rss, "process RSS, sampled every ms: approximate"
+        read, meter = process_rss, tr_mark("process RSS, sampled every ms: approximate")
     start = read()
     result = PeakMemory(start=start, peak=start, meter=meter)
     stop = threading.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from helpers.activations import (
 from helpers.devices import resolve_device
 from helpers.dtypes import dtype_name
 from helpers.formats import parse_precision
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import GpuTenants, gpu_tenants
 from helpers.memory import track_peak
 from helpers.models import make_mlp, wide_mlp_sizes
@@ -34,6 +35,17 @@ from helpers.validate import DeviceError, positive_int
 #: CUDA context: "0.5-1.8 GiB on A100, depending on version and lazy loading" (stas00/ml-engineering).
 CUDA_CONTEXT_RANGE = (GiB // 2, int(1.8 * GiB))
 
+#: The column headers of the bill and of bill_sweep's rows, and the phases a CUDA peak can fall
+#: in, for the catalog: the rows keep the English keys; format_table prints them translated.
+_COLUMNS = (
+    tr_mark("item"), tr_mark("MiB"), tr_mark("bytes"), tr_mark("predicted MiB"),
+    tr_mark("measured MiB"), tr_mark("predicted activations MiB"),
+    tr_mark("measured activations MiB"), tr_mark("CUDA peak MiB"), tr_mark("peak during"),
+    tr_mark("step temporaries MiB"), tr_mark("forward"), tr_mark("backward"),
+)  # fmt: skip
+#: MemoryBill's default label, for the catalog (a label a caller gives prints as given).
+_ESTIMATE = tr_mark("estimate")
+
 #: Optimizer-state copies of each parameter, by optimizer name.
 OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "sgd-momentum": 1, "sgd": 0}
 
@@ -41,13 +53,17 @@ OPTIMIZER_COPIES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "sgd-momentum": 1,
 def _trainable(model: nn.Module) -> list[nn.Parameter]:
     """The model's parameters, with a clear error if there are none (chapter 5)."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"Expected an nn.Module (the model), got {type(model).__name__}.")
+        raise TypeError(
+            tr("Expected an nn.Module (the model), got {type}.").format(type=type(model).__name__)
+        )
     params = list(model.parameters())
     if not params:
         raise ValueError(
-            f"{type(model).__name__} has no parameters, so there is nothing to train and no "
-            "training bill. Pass the model whose weights you train (did you pass a layer "
-            "without weights, such as nn.ReLU?)."
+            tr(
+                "{type} has no parameters, so there is nothing to train and no "
+                "training bill. Pass the model whose weights you train (did you pass a layer "
+                "without weights, such as nn.ReLU?)."
+            ).format(type=type(model).__name__)
         )
     return params
 
@@ -63,14 +79,18 @@ def optimizer_kind(optimizer: str | torch.optim.Optimizer) -> str:
         if isinstance(optimizer, torch.optim.SGD):
             return "sgd-momentum" if group.get("momentum", 0) else "sgd"
         raise ValueError(
-            f"The estimator knows Adam, AdamW and SGD, not {type(optimizer).__name__}. "
-            "Measure that one with measure_training_memory instead."
+            tr(
+                "The estimator knows Adam, AdamW and SGD, not {type}. "
+                "Measure that one with measure_training_memory instead."
+            ).format(type=type(optimizer).__name__)
         )
     key = str(optimizer).strip().lower().replace("_", "-")
     if key not in OPTIMIZER_COPIES:
         raise ValueError(
-            f"Unknown optimizer {optimizer!r}. Use one of {', '.join(OPTIMIZER_COPIES)}, "
-            "or pass the torch.optim optimizer itself."
+            tr(
+                "Unknown optimizer {optimizer!r}. Use one of {known}, "
+                "or pass the torch.optim optimizer itself."
+            ).format(optimizer=optimizer, known=", ".join(OPTIMIZER_COPIES))
         )
     return key
 
@@ -91,7 +111,7 @@ class MemoryBill(Printed):
     activations: int
     autocast_copies: int = 0
     context: tuple[int, int] | None = None
-    label: str = "estimate"
+    label: str = _ESTIMATE
 
     @property
     def saved_for_backward(self) -> int:
@@ -105,19 +125,20 @@ class MemoryBill(Printed):
 
     def __str__(self) -> str:
         items = [
-            ("parameters", self.parameters),
-            ("gradients", self.gradients),
-            ("optimizer state", self.optimizer_state),
-            ("activations", self.activations),
+            (tr("parameters"), self.parameters),
+            (tr("gradients"), self.gradients),
+            (tr("optimizer state"), self.optimizer_state),
+            (tr("activations"), self.activations),
         ]
         if self.autocast_copies:
-            items.append(("autocast weight copies", self.autocast_copies))
-        items.append(("total (tensors)", self.total))
+            items.append((tr("autocast weight copies"), self.autocast_copies))
+        items.append((tr("total (tensors)"), self.total))
         rows = [{"item": k, "MiB": v / MiB, "bytes": v} for k, v in items]
         if self.context is not None:
             mib = "-".join(f"{b / MiB:.0f}" for b in self.context)
-            rows.append({"item": "CUDA context (cited range)", "MiB": mib, "bytes": "n/a"})
-        return f"{self.label}\n{format_table(rows)}"
+            rows.append({"item": tr("CUDA context (cited range)"), "MiB": mib, "bytes": tr("n/a")})
+        label = tr(self.label) if self.label == _ESTIMATE else self.label
+        return f"{label}\n{format_table(rows)}"
 
 
 def estimate_training_memory(
@@ -156,7 +177,11 @@ def estimate_training_memory(
         activations=acts,
         autocast_copies=copies,
         context=CUDA_CONTEXT_RANGE if where.type == "cuda" else None,
-        label=f"estimate: batch {batch_size}, {kind}, {'fp32' if amp is None else dtype_name(amp) + ' autocast'}",
+        label=tr("estimate: batch {batch}, {optimizer}, {precision}").format(
+            batch=batch_size,
+            optimizer=kind,
+            precision="fp32" if amp is None else dtype_name(amp) + " autocast",
+        ),
     )
 
 
@@ -189,7 +214,7 @@ def measure_training_memory(
         gradients=grads,
         optimizer_state=state,
         activations=meter.total_bytes,  # the model's forward only: the loss is not metered
-        label="measured: real tensors after one step, activations from the meter",
+        label=tr("measured: real tensors after one step, activations from the meter"),
     )
 
 
@@ -213,14 +238,17 @@ class OutsideAllocator(Printed):
         if g.count is None:
             return g.note
         if g.count and g.note:
-            return "NVML lists pids from another namespace, so which listed process is this one is unknown"
-        if g.count and g.memory is None:
-            return "NVML does not report the other processes' memory here"
-        if self.outside < (g.memory or 0):
-            return (
-                f"NVML says the other processes hold {format_bytes(g.memory or 0)}, more than "
-                "the whole outside part: the two readings disagree"
+            return tr(
+                "NVML lists pids from another namespace, so which listed process is this one is "
+                "unknown"
             )
+        if g.count and g.memory is None:
+            return tr("NVML does not report the other processes' memory here")
+        if self.outside < (g.memory or 0):
+            return tr(
+                "NVML says the other processes hold {held}, more than "
+                "the whole outside part: the two readings disagree"
+            ).format(held=format_bytes(g.memory or 0))
         return ""
 
     @property
@@ -230,19 +258,30 @@ class OutsideAllocator(Printed):
 
     def __str__(self) -> str:
         lo, hi = (b / GiB for b in CUDA_CONTEXT_RANGE)
-        head = f"device memory not held by PyTorch's allocator: {format_bytes(self.outside)}"
-        cited = f"cited context range {lo:.1f}-{hi:.1f} GiB on an A100"
+        head = tr("device memory not held by PyTorch's allocator: {outside}").format(
+            outside=format_bytes(self.outside)
+        )
+        cited = tr("cited context range {lo:.1f}-{hi:.1f} GiB on an A100").format(lo=lo, hi=hi)
         if self.context is None:
-            return (
-                f"{head} (this process's CUDA context + other processes; cannot be split "
-                f"here: {self.unsplit}); {cited}"
-            )
-        context = f"{format_bytes(self.context)} this process's CUDA context (and the driver's own)"
+            return tr(
+                "{head} (this process's CUDA context + other processes; cannot be split "
+                "here: {why}); {cited}"
+            ).format(head=head, why=self.unsplit, cited=cited)
+        context = tr("{size} this process's CUDA context (and the driver's own)").format(
+            size=format_bytes(self.context)
+        )
         if not self.others.count:
-            return f"{head}, no other process on this GPU: {context}; {cited}"
-        return (
-            f"{head} = {format_bytes(self.others.memory or 0)} held by {self.others.count} other "
-            f"process(es) (NVML) + {context}; {cited}"
+            return tr("{head}, no other process on this GPU: {context}; {cited}").format(
+                head=head, context=context, cited=cited
+            )
+        return tr(
+            "{head} = {held} held by {count} other process(es) (NVML) + {context}; {cited}"
+        ).format(
+            head=head,
+            held=format_bytes(self.others.memory or 0),
+            count=self.others.count,
+            context=context,
+            cited=cited,
         )
 
 
@@ -251,8 +290,10 @@ def outside_allocator(device: str | torch.device | None = None) -> OutsideAlloca
     device = resolve_device(device)
     if device.type != "cuda":
         raise DeviceError(
-            f"outside_allocator reads a CUDA GPU's memory (torch.cuda.mem_get_info), and {device} "
-            "is not one: there is no CUDA context to measure here."
+            tr(
+                "outside_allocator reads a CUDA GPU's memory (torch.cuda.mem_get_info), and "
+                "{device} is not one: there is no CUDA context to measure here."
+            ).format(device=device)
         )
     free, total = torch.cuda.mem_get_info(device)
     return OutsideAllocator(total - free, torch.cuda.memory_reserved(device), gpu_tenants(device))
@@ -281,7 +322,12 @@ class BillSweep(Printed):
             )
         else:  # settings a caller made: each as "name value"
             head = ", ".join(f"{k} {v}" for k, v in s.items())
-        return f"{head}\n{self.sweep}"
+        # the phase a CUDA peak fell in, translated where it is printed (the rows keep it)
+        rows = [
+            {**r, "peak during": tr(r["peak during"])} if "peak during" in r else r
+            for r in self.sweep.rows
+        ]
+        return f"{head}\n{dataclasses.replace(self.sweep, rows=rows)}"
 
 
 def bill_sweep(
@@ -380,22 +426,24 @@ def plot_bill_sweep(result: BillSweep) -> Figure:
     sweep, s = result.sweep, result.settings
     x = sweep.column("batch")
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(x, sweep.column("predicted MiB"), "-", lw=2, label="predicted (estimator)")
-    left.plot(x, sweep.column("measured MiB"), "o", ms=8, label="measured (tensors + meter)")
+    left.plot(x, sweep.column("predicted MiB"), "-", lw=2, label=tr("predicted (estimator)"))
+    left.plot(x, sweep.column("measured MiB"), "o", ms=8, label=tr("measured (tensors + meter)"))
     if sweep.rows and "CUDA peak MiB" in sweep.rows[0]:
         left.plot(x, sweep.column("CUDA peak MiB"), "s--", label="CUDA max_memory_allocated")
-    right.plot(x, sweep.column("predicted activations MiB"), "-", lw=2, label="predicted")
-    right.plot(x, sweep.column("measured activations MiB"), "o", ms=8, label="measured (meter)")
-    left.set(xlabel="batch size", ylabel="MiB", title="training bill")
-    right.set(xlabel="batch size", ylabel="MiB", title="saved for backward")
+    right.plot(x, sweep.column("predicted activations MiB"), "-", lw=2, label=tr("predicted"))
+    right.plot(x, sweep.column("measured activations MiB"), "o", ms=8, label=tr("measured (meter)"))
+    left.set(xlabel=tr("batch size"), ylabel="MiB", title=tr("training bill"))
+    right.set(xlabel=tr("batch size"), ylabel="MiB", title=tr("saved for backward"))
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    ckpt = "checkpointing on" if s["checkpointing"] else "no checkpointing"
-    title = f"MLP {s['depth']}x{s['width']} + Adam, {s['precision']}, {ckpt} ({s['device']})"
+    ckpt = tr("checkpointing on") if s["checkpointing"] else tr("no checkpointing")
+    title = tr("MLP {depth}x{width} + Adam, {precision}, {ckpt} ({device})").format(
+        depth=s["depth"], width=s["width"], precision=s["precision"], ckpt=ckpt, device=s["device"]
+    )
     if sweep.stopped:
-        title += " - stopped early: out of memory"
+        title += tr(" - stopped early: out of memory")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.devices import native_bf16, resolve_device
 from helpers.dtypes import dtype_name, parse_dtype
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState
 from helpers.matmul import achievable_rate, matmul_peak_flops, tf32_available, tf32_enabled
 from helpers.timing import benchmark
@@ -20,11 +21,17 @@ from helpers.units import Printed, format_seconds
 def _positive(value: object, name: str, unit: str) -> float:
     """`value` as a float if it is a finite number > 0, else a clear ValueError (chapter 6)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of {unit} > 0, got {value!r}.")
+        raise ValueError(
+            tr("{name} must be a number of {unit} > 0, got {value!r}.").format(
+                name=name, unit=tr(unit), value=value
+            )
+        )
     if not math.isfinite(value) or value <= 0:
         raise ValueError(
-            f"{name} must be a finite number of {unit} > 0, got {value!r}. "
-            f"A zero or negative {name} means the measurement went wrong: measure again."
+            tr(
+                "{name} must be a finite number of {unit} > 0, got {value!r}. "
+                "A zero or negative {name} means the measurement went wrong: measure again."
+            ).format(name=name, unit=tr(unit), value=value)
         )
     return float(value)
 
@@ -32,7 +39,9 @@ def _positive(value: object, name: str, unit: str) -> float:
 def count_flops(fn: Callable[..., object], *args: object, **kwargs: object) -> int:
     """FLOPs of one call fn(*args, **kwargs), counted by FlopCounterMode (chapter 6)."""
     if not callable(fn):
-        raise TypeError(f"count_flops needs a function to call, got {type(fn).__name__}.")
+        raise TypeError(
+            tr("count_flops needs a function to call, got {type}.").format(type=type(fn).__name__)
+        )
     return sum(flops_by_op(fn, *args, **kwargs).values())
 
 
@@ -46,8 +55,8 @@ def flops_by_op(fn: Callable[..., object], *args: object, **kwargs: object) -> d
 
 def mfu(flops: float, seconds: float, peak: float) -> float:
     """Model FLOPs utilisation, a fraction: flops / seconds / peak FLOP/s (chapter 6)."""
-    flops = _positive(flops, "flops", "floating-point operations")
-    seconds = _positive(seconds, "seconds", "seconds")
+    flops = _positive(flops, "flops", tr_mark("floating-point operations"))
+    seconds = _positive(seconds, "seconds", tr_mark("seconds"))
     peak = _positive(peak, "peak", "FLOP/s")
     return flops / seconds / peak
 
@@ -69,7 +78,9 @@ class Peak:
     measured: bool
 
     def __str__(self) -> str:
-        return f"{self.flops / 1e12:.3g} TFLOP/s ({self.source})"
+        return tr("{tflops:.3g} TFLOP/s ({source})").format(
+            tflops=self.flops / 1e12, source=self.source
+        )
 
 
 def reference_peak(
@@ -85,7 +96,8 @@ def reference_peak(
     tf32 = dtype == torch.float32 and tf32_enabled()
     name = torch.cuda.get_device_name(device)
     kind = "tf32" if tf32 else dtype_name(dtype)
-    return Peak(known, f"datasheet dense {kind} peak of {name}", measured=False)
+    source = tr("datasheet dense {kind} peak of {name}").format(kind=kind, name=name)
+    return Peak(known, source, measured=False)
 
 
 @dataclass
@@ -110,19 +122,27 @@ class MfuResult(Printed):
         return mfu(self.flops, self.seconds, self.peak.flops)
 
     def __str__(self) -> str:
-        text = (
-            f"{self.flops / 1e9:.3g} GFLOP per step in {format_seconds(self.seconds)} = "
-            f"{self.achieved / 1e9:.4g} GFLOP/s, MFU {self.mfu:.1%} of {self.peak}"
+        text = tr(
+            "{gflop:.3g} GFLOP per step in {time} = {rate:.4g} GFLOP/s, MFU {mfu:.1%} of {peak}"
+        ).format(
+            gflop=self.flops / 1e9,
+            time=format_seconds(self.seconds),
+            rate=self.achieved / 1e9,
+            mfu=self.mfu,
+            peak=self.peak,
         )
         if self.achievable is not None:
             share = mfu(self.flops, self.seconds, self.achievable.flops)
-            text += f"\n{share:.1%} of the achievable rate, {self.achievable}"
-        if self.mfu > 1:
-            text += "\nMFU above 100%: the reference is wrong, not the step. " + (
-                "It was measured under load or with too few sizes: measure it again."
-                if self.peak.measured
-                else "Check the peak for this GPU and dtype (is TF32 or another dtype in use?)."
+            text += "\n" + tr("{share:.1%} of the achievable rate, {peak}").format(
+                share=share, peak=self.achievable
             )
+        if self.mfu > 1:
+            fix = (
+                tr("It was measured under load or with too few sizes: measure it again.")
+                if self.peak.measured
+                else tr("Check the peak for this GPU and dtype (is TF32 or another dtype in use?).")
+            )
+            text += "\n" + tr("MFU above 100%: the reference is wrong, not the step. ") + fix
         if self.machine is not None:
             text += f"\n{self.machine}"
         return text
@@ -141,8 +161,10 @@ def measure_mfu(
     flops = count_flops(step) if flops is None else flops
     if flops <= 0:
         raise ValueError(
-            "FlopCounterMode counted no FLOPs in this step: it counts matmuls, convolutions and "
-            "attention only, so a step without them has no MFU."
+            tr(
+                "FlopCounterMode counted no FLOPs in this step: it counts matmuls, convolutions "
+                "and attention only, so a step without them has no MFU."
+            )
         )
     timing = benchmark(step, device=device, warmup=1, min_run_time=min_run_time, min_repeats=3)
     peak = peak or reference_peak(device)
@@ -158,7 +180,7 @@ def achievable_peak(
     device, dtype = resolve_device(device), parse_dtype(dtype)
     if shapes is not None and not shapes:
         raise ValueError(
-            "shapes must name at least one (m, k, n) to measure, e.g. [(1024, 1024, 1024)]."
+            tr("shapes must name at least one (m, k, n) to measure, e.g. [(1024, 1024, 1024)].")
         )
     # an fp32 step with TF32 on is compared with TF32 matmuls, as reference_peak does
     tf32 = dtype == torch.float32 and tf32_enabled() and tf32_available(device)
@@ -166,11 +188,12 @@ def achievable_peak(
     best = search.best()
     if best is None:
         raise RuntimeError(
-            f"No matmul shape could be measured on {device} ({search.stopped}): "
-            "MFU has no achievable reference here."
+            tr(
+                "No matmul shape could be measured on {device} ({why}): "
+                "MFU has no achievable reference here."
+            ).format(device=device, why=search.stopped)
         )
-    return Peak(
-        best["GFLOP/s"] * 1e9,
-        f"best {search.dtype} matmul measured here, (m, k, n) = {best['m, k, n']}",
-        measured=True,
+    source = tr("best {dtype} matmul measured here, (m, k, n) = {shape}").format(
+        dtype=search.dtype, shape=best["m, k, n"]
     )
+    return Peak(best["GFLOP/s"] * 1e9, source, measured=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from helpers.i18n import tr
 from helpers.validate import positive_int
 
 
@@ -22,7 +23,11 @@ def make_mlp(
     """Linear layers of `sizes` with ReLU between; `blocks` groups them as [block0, ..., head] (chapters 2 and 5)."""
     sizes = [positive_int(s, "every layer size") for s in sizes]
     if len(sizes) < 2:
-        raise ValueError(f"make_mlp needs at least an input and an output size, got {sizes}.")
+        raise ValueError(
+            tr("make_mlp needs at least an input and an output size, got {sizes}.").format(
+                sizes=sizes
+            )
+        )
     if seed is not None:
         torch.manual_seed(seed)
     hidden = [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(sizes[:-2], sizes[1:-1])]

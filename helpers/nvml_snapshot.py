@@ -7,7 +7,12 @@ from typing import Any
 
 import torch
 
+from helpers.i18n import tr
+from helpers.tables import padded, screen_width
 from helpers.units import format_bytes
+
+#: The screen column where each word of format_snapshot's header after "GPU" starts.
+_HEADER_AT = (5, 35, 42, 66, 73)
 
 
 @dataclass
@@ -33,7 +38,7 @@ class NvmlUnavailable:
         return False
 
     def __str__(self) -> str:
-        return f"unavailable: {self.reason}"
+        return tr("unavailable: {reason}").format(reason=self.reason)
 
 
 def _try(read, default=None):  # noqa: ANN001, ANN202 - tiny internal adapter
@@ -56,12 +61,16 @@ def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:
         import pynvml
     except ImportError:
         return NvmlUnavailable(
-            "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+            tr("the nvidia-ml-py package is not installed (pip install nvidia-ml-py)")
         )
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
-        return NvmlUnavailable(f"no NVIDIA driver could be loaded ({type(exc).__name__}: {exc})")
+        return NvmlUnavailable(
+            tr("no NVIDIA driver could be loaded ({error})").format(
+                error=f"{type(exc).__name__}: {exc}"
+            )
+        )
     try:
         samples = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -84,7 +93,11 @@ def nvml_snapshot() -> list[GpuSample] | NvmlUnavailable:
             )
         return samples
     except Exception as exc:
-        return NvmlUnavailable(f"NVML failed while reading the GPUs ({type(exc).__name__}: {exc})")
+        return NvmlUnavailable(
+            tr("NVML failed while reading the GPUs ({error})").format(
+                error=f"{type(exc).__name__}: {exc}"
+            )
+        )
     finally:
         _try(pynvml.nvmlShutdown)
 
@@ -94,16 +107,34 @@ def format_snapshot(snapshot: list[GpuSample] | NvmlUnavailable) -> str:
     if isinstance(snapshot, NvmlUnavailable):
         return f"NVML {snapshot}"
     if not snapshot:
-        return "NVML works but reports no GPUs."
+        return tr("NVML works but reports no GPUs.")
+    na = tr("n/a")
 
     def show(value, fmt):  # noqa: ANN001, ANN202
-        return "n/a" if value is None else fmt(value)
+        return na if value is None else fmt(value)
 
-    lines = ["GPU  name                          util   memory used / total     temp   power"]
+    def line(index: str, name: str, util: str, mem: str, temp: str, power: str) -> str:
+        # padded by screen width: a translated "n/a" is wider than its characters
+        return " ".join(
+            [padded(index, 4, left=True), padded(name, 29, left=True), padded(util, 5) + "  ",
+             padded(mem, 22, left=True), padded(temp, 6), padded(power, 6)]
+        )  # fmt: skip
+
+    words = ("GPU", tr("name"), tr("util"), tr("memory used / total"), tr("temp"), tr("power"))
+    head = words[0]
+    for word, at in zip(words[1:], _HEADER_AT):  # each header word at its column, 1 apart at least
+        head = (padded(head, at, left=True) if screen_width(head) < at else head + " ") + word
+    lines = [head]
     for s in snapshot:
         mem = f"{show(s.memory_used, format_bytes)} / {show(s.memory_total, format_bytes)}"
         lines.append(
-            f"{s.index:<4} {s.name[:29]:<29} {show(s.utilization_pct, lambda v: f'{v}%'):>5}   "
-            f"{mem:<22} {show(s.temperature_c, lambda v: f'{v} C'):>6} {show(s.power_w, lambda v: f'{v:.0f} W'):>6}"
+            line(
+                str(s.index),
+                s.name[:29],
+                show(s.utilization_pct, lambda v: f"{v}%"),
+                mem,
+                show(s.temperature_c, lambda v: f"{v} C"),
+                show(s.power_w, lambda v: f"{v:.0f} W"),
+            )
         )
     return "\n".join(lines)

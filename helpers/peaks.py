@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from helpers.dtypes import TF32_NAMES, dtype_name, parse_dtype
+from helpers.i18n import tr_mark
 
 #: The precisions the peak table knows: three dtypes, and tf32 (fp32 matmuls on tensor cores).
 PEAK_PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 
-#: What describe_device prints where no datasheet peak is known.
-UNKNOWN_PEAK = "unknown: measure the achievable rate (chapter 1)"
+#: What describe_device prints where no datasheet peak is known (through tr() when printed).
+UNKNOWN_PEAK = tr_mark("unknown: measure the achievable rate (chapter 1)")
 
 
 #: Precisions whose datasheet figure is a tensor-core (matrix) rate; the others (fp32, fp64)

@@ -15,10 +15,17 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers.devices import resolve_device, synchronize
+from helpers.i18n import tr, tr_mark
 from helpers.loops import time_once
 from helpers.machine_state import MachineState
 
-INPUT, LAUNCH, SYNC, COMPUTE = "input-bound", "launch/overhead-bound", "sync-bound", "compute-bound"
+#: The verdicts diagnose() gives: Diagnosis.verdict keeps them as they are, str() translates them.
+INPUT, LAUNCH, SYNC, COMPUTE = (
+    tr_mark("input-bound"),
+    tr_mark("launch/overhead-bound"),
+    tr_mark("sync-bound"),
+    tr_mark("compute-bound"),
+)
 
 #: Blocking host syncs in a profile: the op behind .item()/bool()/float(), device-wide waits.
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaDeviceSynchronize", "hipDeviceSynchronize")
@@ -60,7 +67,11 @@ def profile_steps(
     """Run step() wait+warmup+active times under torch.profiler with a schedule; return the profiler (chapter 6)."""
     for name, value, minimum in (("wait", wait, 0), ("warmup", warmup, 1), ("active", active, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
+            raise ValueError(
+                tr("{name} must be a whole number >= {minimum}, got {value!r}.").format(
+                    name=name, minimum=minimum, value=value
+                )
+            )
     device = resolve_device(device)
     total = wait + warmup + active
     with profile(
@@ -127,8 +138,10 @@ def summarize_profile(
     steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == cpu]
     if not steps:
         raise ValueError(
-            "This profile has no ProfilerStep events: profile with a schedule and call "
-            "prof.step() once per iteration (or use profile_steps)."
+            tr(
+                "This profile has no ProfilerStep events: profile with a schedule and call "
+                "prof.step() once per iteration (or use profile_steps)."
+            )
         )
     n = len(steps)
     step_us = sum(e.time_range.elapsed_us() for e in steps) / n
@@ -171,9 +184,11 @@ class Diagnosis:
     machine: MachineState | None = None
 
     def __str__(self) -> str:
-        text = f"{self.verdict}: {self.reason}"
+        text = tr("{verdict}: {reason}").format(verdict=tr(self.verdict), reason=self.reason)
         if self.machine is not None and not self.machine.quiet:
-            return f"inconclusive, {self.machine.caveat()}; measured: {text}"
+            return tr("inconclusive, {caveat}; measured: {text}").format(
+                caveat=self.machine.caveat(), text=text
+            )
         return text
 
 
@@ -188,7 +203,7 @@ def diagnose(
 ) -> Diagnosis:
     """Classify a profiled run from simple ratios of its ProfileSummary; `machine`: the state it ran in (chapter 6)."""
     if summary.step_s <= 0:
-        raise ValueError("The profile's steps took no time; profile more (or bigger) steps.")
+        raise ValueError(tr("The profile's steps took no time; profile more (or bigger) steps."))
     step = summary.step_s
     input_frac = summary.labels_s.get("data", 0.0) / step
     sync_frac = summary.sync_s / step
@@ -204,20 +219,39 @@ def diagnose(
         "compute (FLOP time at best rate / step)": compute,
         "µs per op": us_per_op,
     }
-    per_op = "" if us_per_op is None else f", {us_per_op:.1f} µs per op"
-    idle = "" if busy is None else f"; the device idles {1 - busy:.0%} of the time"
+    per_op = "" if us_per_op is None else tr(", {us:.1f} µs per op").format(us=us_per_op)
+    idle = (
+        ""
+        if busy is None
+        else tr("; the device idles {share:.0%} of the time").format(share=1 - busy)
+    )
     if input_frac >= threshold:
-        why = INPUT, f"{input_frac:.0%} of each step is spent getting the batch"
+        why = (
+            INPUT,
+            tr("{share:.0%} of each step is spent getting the batch").format(share=input_frac),
+        )
     elif sync_frac >= threshold and (busy is None or busy < busy_threshold):
-        why = SYNC, f"{sync_frac:.0%} of each step waits in host syncs while the device idles"
+        why = (
+            SYNC,
+            tr("{share:.0%} of each step waits in host syncs while the device idles").format(
+                share=sync_frac
+            ),
+        )
     elif busy is not None and busy >= busy_threshold:
-        why = COMPUTE, f"the device runs kernels {busy:.0%} of the time"
+        why = COMPUTE, tr("the device runs kernels {share:.0%} of the time").format(share=busy)
     elif busy is None and compute is not None and compute >= threshold:
-        why = COMPUTE, f"the FLOPs alone need {compute:.0%} of the step at the best matmul rate"
+        why = (
+            COMPUTE,
+            tr("the FLOPs alone need {share:.0%} of the step at the best matmul rate").format(
+                share=compute
+            ),
+        )
     else:
         why = (
             LAUNCH,
-            f"no input, sync or compute share dominates{per_op}{idle}: the per-op cost does",
+            tr(
+                "no input, sync or compute share dominates{per_op}{idle}: the per-op cost does"
+            ).format(per_op=per_op, idle=idle),
         )
     return Diagnosis(*why, ratios, machine)
 
@@ -259,7 +293,9 @@ def matmul_share(prof: profile, device: str | torch.device, also: tuple[str, ...
         is_matmul = {k: k in MATMUL_OPS or any(p in k.lower() for p in also) for k in times}
     total = sum(times.values())
     if total <= 0:
-        raise ValueError("The profile recorded no time on this device: profile some steps first.")
+        raise ValueError(
+            tr("The profile recorded no time on this device: profile some steps first.")
+        )
     return sum(t for k, t in times.items() if is_matmul[k]) / total
 
 
@@ -296,7 +332,7 @@ class ToyAsyncDevice:
     def kernel(self, seconds: float) -> None:
         """Queue a job that keeps the toy device busy for `seconds`; returns at once, like a launch (chapter 6)."""
         if self._closed:
-            raise RuntimeError("This toy device is closed; make a new ToyAsyncDevice().")
+            raise RuntimeError(tr("This toy device is closed; make a new ToyAsyncDevice()."))
         self._last = self._worker.submit(time.sleep, seconds)
 
     def synchronize(self) -> None:
@@ -333,7 +369,7 @@ def count_top_level_ops(fn: Callable[..., object], *args: object) -> int:
 def plot_timing_methods(readings: dict[str, list[float]], title: str = "") -> Figure:
     """Each timing method on its own row: every reading as a dot, its median as a bar (chapter 6)."""
     if not readings or not all(readings.values()):
-        raise ValueError("Give each timing method at least one reading in seconds.")
+        raise ValueError(tr("Give each timing method at least one reading in seconds."))
     fig, ax = plt.subplots(figsize=(7.0, 0.5 * len(readings) + 1.4))
     for row, values in enumerate(readings.values()):
         ms = [v * 1e3 for v in values]
@@ -342,8 +378,8 @@ def plot_timing_methods(readings: dict[str, list[float]], title: str = "") -> Fi
         ax.plot([median, median], [row - 0.3, row + 0.3], color="black", lw=2)
     ax.set_yticks(range(len(readings)), list(readings))
     ax.set_xscale("log")
-    ax.set_xlabel("ms per call (dots: readings, bar: median)")
-    ax.set_title(title or "The same work, timed different ways")
+    ax.set_xlabel(tr("ms per call (dots: readings, bar: median)"))
+    ax.set_title(title or tr("The same work, timed different ways"))
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()

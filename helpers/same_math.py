@@ -57,7 +57,9 @@ def loss_gaps(a: list[float], b: list[float]) -> list[float]:
     """|a - b| step by step; a clear error when the curves have different lengths (chapter 7)."""
     if len(a) != len(b):
         raise ValueError(
-            f"The loss curves have {len(a)} and {len(b)} steps: compare runs of the same length."
+            tr("The loss curves have {a} and {b} steps: compare runs of the same length.").format(
+                a=len(a), b=len(b)
+            )
         )
     return [abs(x - y) for x, y in zip(a, b)]
 
@@ -105,8 +107,10 @@ def noise_floor(
     rerun_gaps, nudged_gaps = loss_gaps(rerun, losses), loss_gaps(nudged, losses)
     if not losses or not all(map(math.isfinite, losses + rerun + nudged)):
         raise ValueError(
-            f"The runs of {label} must give finite losses for at least one step: a run "
-            "that diverged has no noise floor."
+            tr(
+                "The runs of {label} must give finite losses for at least one step: a run "
+                "that diverged has no noise floor."
+            ).format(label=label)
         )
     return NoiseFloor(label, list(losses), rerun_gaps, nudged_gaps)
 
@@ -207,7 +211,11 @@ class SameMath(Printed):
     def as_control(self) -> str:
         """One line for a change of the math made on purpose: whether, and from which step, the check sees it (chapter 7)."""
         if not self.checked:
-            raise ValueError(f"{self.label}: a control needs a noise floor to be held against.")
+            raise ValueError(
+                tr("{label}: a control needs a noise floor to be held against.").format(
+                    label=self.label
+                )
+            )
         step, ratio = self.worst
         n = len(self.gaps)
         what = self.note or tr("it")
@@ -250,7 +258,9 @@ def same_math(
         return SameMath(label, gaps, None, note)
     if floor.steps < len(gaps):
         raise ValueError(
-            f"The noise floor covers {floor.steps} steps and the curves {len(gaps)}: "
-            "measure the floor over at least as many steps as you compare."
+            tr(
+                "The noise floor covers {floor} steps and the curves {n}: "
+                "measure the floor over at least as many steps as you compare."
+            ).format(floor=floor.steps, n=len(gaps))
         )
     return SameMath(label, gaps, floor.per_step[: len(gaps)], note)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from helpers.i18n import tr, tr_mark
 from helpers.nvml_snapshot import NvmlUnavailable, nvml_snapshot
 from helpers.units import GiB
 
@@ -30,18 +31,23 @@ class Sample:
 class NvmlSampler:
     """Utilisation and memory of every NVIDIA GPU via nvml_snapshot, NVML kept open until close() (chapter 6)."""
 
-    label = "NVML (GPU)"
+    @property
+    def label(self) -> str:
+        """What samples, in the learner's language (chapter 6)."""
+        return tr("NVML (GPU)")
 
     def __init__(self) -> None:
         first = nvml_snapshot()
         if isinstance(first, NvmlUnavailable):
             raise MonitorUnavailable(
-                f"NVML {first}. GPU utilisation can only be sampled on a machine with an "
-                f"NVIDIA driver; use process_sampler() to watch the CPU side instead."
+                tr(
+                    "NVML {why}. GPU utilisation can only be sampled on a machine with an "
+                    "NVIDIA driver; use process_sampler() to watch the CPU side instead."
+                ).format(why=first)
             )
         if not first:
             raise MonitorUnavailable(
-                "NVML works but reports no GPUs, so there is nothing to sample."
+                tr("NVML works but reports no GPUs, so there is nothing to sample.")
             )
         import pynvml
 
@@ -52,13 +58,15 @@ class NvmlSampler:
     def __call__(self) -> dict[str, float]:
         snapshot = nvml_snapshot()
         if isinstance(snapshot, NvmlUnavailable):
-            raise MonitorUnavailable(f"NVML stopped answering: {snapshot}")
-        values: dict[str, float] = {}
+            raise MonitorUnavailable(tr("NVML stopped answering: {why}").format(why=snapshot))
+        values: dict[str, float] = {}  # each quantity named in the learner's language
         for s in snapshot:
             if s.utilization_pct is not None:
-                values[f"GPU {s.index} utilisation (%)"] = float(s.utilization_pct)
+                name = tr("GPU {index} utilisation (%)").format(index=s.index)
+                values[name] = float(s.utilization_pct)
             if s.memory_used is not None:
-                values[f"GPU {s.index} memory used (GiB)"] = s.memory_used / GiB
+                name = tr("GPU {index} memory used (GiB)").format(index=s.index)
+                values[name] = s.memory_used / GiB
         return values
 
     def close(self) -> None:
@@ -71,7 +79,10 @@ class NvmlSampler:
 class ProcessSampler:
     """CPU use (%, 100 = one core) and resident memory of this Python process, via psutil (chapter 6)."""
 
-    label = "psutil (this process, CPU side)"
+    @property
+    def label(self) -> str:
+        """What samples, in the learner's language (chapter 6)."""
+        return tr("psutil (this process, CPU side)")
 
     def __init__(self) -> None:
         import psutil
@@ -80,9 +91,9 @@ class ProcessSampler:
         self._process.cpu_percent(interval=None)  # the first call only starts the clock
 
     def __call__(self) -> dict[str, float]:
-        return {
-            "process CPU (%)": float(self._process.cpu_percent(interval=None)),
-            "process RSS (GiB)": self._process.memory_info().rss / GiB,
+        return {  # each quantity named in the learner's language
+            tr("process CPU (%)"): float(self._process.cpu_percent(interval=None)),
+            tr("process RSS (GiB)"): self._process.memory_info().rss / GiB,
         }
 
 
@@ -103,12 +114,17 @@ class Monitor:
     def __post_init__(self) -> None:
         if not callable(self.sampler):
             raise TypeError(
-                f"Monitor needs a sampler function returning a dict, got {type(self.sampler).__name__}."
+                tr("Monitor needs a sampler function returning a dict, got {type}.").format(
+                    type=type(self.sampler).__name__
+                )
             )
         number = isinstance(self.interval, (int, float)) and not isinstance(self.interval, bool)
         if not number or not 0 < self.interval < math.inf:
             raise ValueError(
-                f"interval must be a number of seconds > 0, got {self.interval!r}; 0.1 s suits most runs."
+                tr(
+                    "interval must be a number of seconds > 0, got {interval!r}; 0.1 s suits "
+                    "most runs."
+                ).format(interval=self.interval)
             )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,7 +163,7 @@ class Monitor:
         """Take a first sample and start the sampling thread; returns self (chapter 6)."""
         if self.running:
             raise RuntimeError(
-                "This monitor is already running; call stop() before starting it again."
+                tr("This monitor is already running; call stop() before starting it again.")
             )
         self.samples, self.error, self._t_end = [], None, None
         self._stop.clear()
@@ -156,8 +172,10 @@ class Monitor:
         if self.error is not None:
             self._release()
             raise MonitorUnavailable(
-                f"The sampler failed on its first reading ({type(self.error).__name__}: "
-                f"{self.error}); nothing was started."
+                tr(
+                    "The sampler failed on its first reading ({type}: {error}); nothing was "
+                    "started."
+                ).format(type=type(self.error).__name__, error=self.error)
             ) from self.error
         self._thread = threading.Thread(target=self._loop, name="course-monitor", daemon=True)
         self._thread.start()
@@ -171,8 +189,10 @@ class Monitor:
         self._thread.join(timeout=max(5.0, 10 * self.interval))
         if self._thread.is_alive():
             raise RuntimeError(
-                "The sampling thread did not stop: the sampler function is blocking. "
-                "Make it return quickly (it runs every interval)."
+                tr(
+                    "The sampling thread did not stop: the sampler function is blocking. "
+                    "Make it return quickly (it runs every interval)."
+                )
             )
         self._thread = None
         if self.error is None:
@@ -181,8 +201,10 @@ class Monitor:
         self._release()
         if self.error is not None:
             raise MonitorUnavailable(
-                f"The sampler failed during the run ({type(self.error).__name__}: {self.error}); "
-                f"kept the {len(self.samples)} sample(s) taken before."
+                tr(
+                    "The sampler failed during the run ({type}: {error}); "
+                    "kept the {n} sample(s) taken before."
+                ).format(type=type(self.error).__name__, error=self.error, n=len(self.samples))
             ) from self.error
         return self
 
@@ -208,7 +230,10 @@ class Monitor:
         return {n: [s.values[n] for s in self.samples if n in s.values] for n in names}
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per quantity: mean, max and number of samples; safe for a zero-length run (chapter 6)."""
+        """Per quantity: mean, max and number of samples; safe for a zero-length run (chapter 6).
+
+        The keys "mean", "max" and "samples" stay as they are (a printed table translates them).
+        """
         return {
             name: {"mean": sum(v) / len(v), "max": max(v), "samples": float(len(v))}
             for name, v in self.series().items()
@@ -216,11 +241,17 @@ class Monitor:
         }
 
 
+#: Monitor.summary()'s keys, for the catalog (format_table prints them translated).
+_SUMMARY_COLUMNS = (tr_mark("mean"), tr_mark("max"), tr_mark("samples"))
+
+
 def plot_samples(monitor: Monitor, title: str = "") -> Figure:
     """One panel per quantity the monitor sampled, against time (chapter 6)."""
     series = monitor.series()
     if not series:
-        raise ValueError("The monitor has no samples to plot: run it (start/stop or `with`) first.")
+        raise ValueError(
+            tr("The monitor has no samples to plot: run it (start/stop or `with`) first.")
+        )
     fig, axes = plt.subplots(len(series), 1, figsize=(6.4, 1.9 * len(series) + 0.6), sharex=True)
     axes = [axes] if len(series) == 1 else list(axes)
     for ax, (name, values) in zip(axes, series.items()):
@@ -228,7 +259,9 @@ def plot_samples(monitor: Monitor, title: str = "") -> Figure:
         ax.set_ylabel(name, fontsize=8)
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.grid(True, alpha=0.3)
-    axes[-1].set_xlabel("seconds since start")
-    axes[0].set_title(title or f"{monitor.label}: {len(monitor.samples)} samples")
+    axes[-1].set_xlabel(tr("seconds since start"))
+    axes[0].set_title(
+        title or tr("{label}: {n} samples").format(label=monitor.label, n=len(monitor.samples))
+    )
     fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from helpers.i18n import tr, tr_mark
 from helpers.launch import as_flags, check_backend, check_nproc, launch, new_run_dir, read_results
 from helpers.machine_state import MachineState, MachineWatch
 from helpers.sweeps import SweepResult
@@ -27,9 +28,12 @@ class ScalingResult(SweepResult):
     machine: MachineState | None = None
 
     def __str__(self) -> str:
-        text = (
-            f"{super().__str__()}\none launch of {max(self.column('processes'), default=0)} "
-            f"rank(s): {self.startup_s:.1f} s of start-up in {self.launch_s:.1f} s"
+        text = f"{super().__str__()}\n" + tr(
+            "one launch of {n} rank(s): {startup:.1f} s of start-up in {launch:.1f} s"
+        ).format(
+            n=max(self.column("processes"), default=0),
+            startup=self.startup_s,
+            launch=self.launch_s,
         )
         return text if self.machine is None else f"{text}\n{self.machine}"
 
@@ -61,7 +65,11 @@ def measure_scaling(
     """Every process count in `nprocs` in one launch, plus speed-up and scaling efficiency (chapter 4)."""
     nprocs = list(nprocs)
     if not nprocs or not all(isinstance(n, int) and not isinstance(n, bool) for n in nprocs):
-        raise ValueError(f"nprocs must be whole numbers of processes, e.g. (1, 2), got {nprocs!r}.")
+        raise ValueError(
+            tr("nprocs must be whole numbers of processes, e.g. (1, 2), got {nprocs!r}.").format(
+                nprocs=nprocs
+            )
+        )
     backend = check_backend(backend, max(nprocs))  # one backend for the whole sweep
     nprocs = [check_nproc(n, backend) for n in nprocs]
     threads, timeout = size.pop("threads", 1), timeout * len(nprocs)
@@ -97,18 +105,26 @@ def measure_scaling(
     )
 
 
+#: The scaling table's column names (keys the notebook reads; a printed table translates them).
+_COLUMNS = (
+    tr_mark("processes"), tr_mark("mode"), tr_mark("backend"), tr_mark("threads/rank"),
+    tr_mark("global batch"), tr_mark("step ms"), tr_mark("step IQR ms"), tr_mark("step spread"),
+    tr_mark("samples/s"), tr_mark("speed-up"), tr_mark("efficiency"), tr_mark("start-up s"),
+)  # fmt: skip
+
+
 def plot_scaling(result: SweepResult) -> Figure:
     """Throughput (with the ideal line) and scaling efficiency against processes (chapter 4)."""
     n = result.column("processes")
     thr = result.column("samples/s")
     fig, (a, b) = plt.subplots(1, 2, figsize=(9.6, 3.6))
-    a.plot(n, thr, marker="o", label="measured")
-    a.plot(n, [thr[0] * k / n[0] for k in n], ls="--", color="gray", label="ideal (linear)")
-    a.set(xlabel="processes (ranks)", ylabel="samples/s", title="Throughput")
+    a.plot(n, thr, marker="o", label=tr("measured"))
+    a.plot(n, [thr[0] * k / n[0] for k in n], ls="--", color="gray", label=tr("ideal (linear)"))
+    a.set(xlabel=tr("processes (ranks)"), ylabel="samples/s", title=tr("Throughput"))
     a.legend()
     b.plot(n, [100 * e for e in result.column("efficiency")], marker="o", color="C1")
     b.axhline(100, ls="--", color="gray")
-    b.set(xlabel="processes (ranks)", ylabel="% of ideal", title="Scaling efficiency")
+    b.set(xlabel=tr("processes (ranks)"), ylabel=tr("% of ideal"), title=tr("Scaling efficiency"))
     b.set_ylim(bottom=0)
     for ax in (a, b):
         ax.set_xticks(n)
@@ -121,12 +137,14 @@ def scaling_controls(max_nproc: int) -> dict[str, Any]:
     """ipywidgets controls for the scaling sweep: up to `max_nproc` processes, batch per rank, width, steps (chapter 4)."""
     top = positive_int(max_nproc, "max_nproc")
     return {
-        "max_processes": widgets.IntSlider(value=top, min=1, max=top, description="processes ≤"),
-        "per_rank_batch": widgets.Dropdown(
-            options=[32, 128, 256, 1024], value=256, description="batch/rank"
+        "max_processes": widgets.IntSlider(
+            value=top, min=1, max=top, description=tr("processes ≤")
         ),
-        "width": widgets.Dropdown(options=[64, 256, 1024], value=256, description="width"),
-        "steps": widgets.IntSlider(value=20, min=5, max=100, step=5, description="steps"),
+        "per_rank_batch": widgets.Dropdown(
+            options=[32, 128, 256, 1024], value=256, description=tr("batch/rank")
+        ),
+        "width": widgets.Dropdown(options=[64, 256, 1024], value=256, description=tr("width")),
+        "steps": widgets.IntSlider(value=20, min=5, max=100, step=5, description=tr("steps")),
     }
 
 

@@ -23,14 +23,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.i18n import tr, tr_mark
+
 #: The collectives ``wire_bytes`` knows, and the share of the buffer each rank sends in a ring,
 #: in units of (world - 1) / world: an all-reduce is a reduce-scatter followed by an all-gather.
 RING_SHARE = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 #: Collectives a backend runs as another one: gloo has no reduce-scatter of its own and runs it
 #: as an all-reduce of a copy of the input, keeping this rank's piece (pytorch PR #118911).
 EMULATED = {"gloo": {"reduce_scatter": "all_reduce"}}
-#: What LiveBytes names the bytes a storage from before the step grew by in place (resize_).
-RESIZED = "regrown in place"
+#: What LiveBytes names the bytes a storage from before the step grew by in place (resize_);
+#: kept in English in the results, translated where it is printed (helpers.dp_by_hand.peak_parts).
+RESIZED = tr_mark("regrown in place")
 
 
 def _tensors(out: Any) -> Iterable[torch.Tensor]:
@@ -62,7 +65,9 @@ class LiveBytes:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.how = (
-            "the CUDA caching allocator" if self.cuda else "live tensor storages (a dispatch mode)"
+            tr("the CUDA caching allocator")
+            if self.cuda
+            else tr("live tensor storages (a dispatch mode)")
         )
         self._live: dict[int, weakref.ref] = {}  # id of a storage -> a weak reference to it
         self._made_by: dict[int, str] = {}  # id of a storage -> the operation that returned it
@@ -178,7 +183,11 @@ class LiveBytes:
 def wire_bytes(op: str, nbytes: int, world: int, backend: str = "nccl") -> float:
     """Bytes one rank sends for a ring collective on a buffer of `nbytes` (the full one), as `backend` runs it (chapter 8)."""
     if op not in RING_SHARE:
-        raise ValueError(f"Unknown collective {op!r}; known: {', '.join(RING_SHARE)}.")
+        raise ValueError(
+            tr("Unknown collective {op!r}; known: {known}.").format(
+                op=op, known=", ".join(RING_SHARE)
+            )
+        )
     op = EMULATED.get(backend, {}).get(op, op)
     return nbytes * RING_SHARE[op] * (world - 1) / world
 

@@ -17,17 +17,24 @@ from torch.autograd import DeviceType
 from torch.profiler import profile
 
 from helpers.devices import resolve_device
+from helpers.i18n import tr, tr_mark
 from helpers.profiling import FLUSH_LABEL, MATMUL_KERNELS, MATMUL_OPS, summarize_profile
 from helpers.tables import format_table
 from helpers.units import Printed
 
-MATMUL = "matmuls and attention"
-OPTIMIZER = "optimizer and clipping"
-FUSED = "fused elementwise (torch.compile's kernels)"
-COPIES = "copies"
-OTHER = "other kernels and ops"
-IDLE_GPU = "GPU idle (waiting for launches)"
-IDLE_CPU = "outside ops (Python, data loading, dispatch)"
+#: The buckets, by name: keys of StepProfile.buckets, printed translated (tr_mark: the catalog).
+MATMUL = tr_mark("matmuls and attention")
+OPTIMIZER = tr_mark("optimizer and clipping")
+FUSED = tr_mark("fused elementwise (torch.compile's kernels)")
+COPIES = tr_mark("copies")
+OTHER = tr_mark("other kernels and ops")
+IDLE_GPU = tr_mark("GPU idle (waiting for launches)")
+IDLE_CPU = tr_mark("outside ops (Python, data loading, dispatch)")
+#: The table's column headers, for the catalog (format_table prints them translated).
+_COLUMNS = (
+    tr_mark("where the step goes"), tr_mark("ms per step"), tr_mark("share of the step"),
+    tr_mark("largest"),
+)  # fmt: skip
 #: Name fragments that mark attention kernels and ops (flash, cuDNN, memory-efficient, CPU).
 ATTENTION = ("attention", "flash", "fmha", "sdpa")
 #: Optimizer and gradient-clipping work: torch's multi-tensor kernels, fused Adam, foreach ops.
@@ -87,11 +94,11 @@ class StepProfile(Printed):
         return sorted(rest, key=self.buckets.__getitem__, reverse=True)[:n]
 
     def rows(self) -> list[dict[str, str]]:
-        """The buckets as table rows, largest first (chapter 7)."""
+        """The buckets as table rows, largest first, named in the learner's language (chapter 7)."""
         order = sorted(self.buckets, key=self.buckets.__getitem__, reverse=True)
         return [
             {
-                "where the step goes": b,
+                "where the step goes": tr(b),
                 "ms per step": f"{1e3 * self.buckets[b]:.3g}",
                 "share of the step": f"{self.share(b):.0%}",
                 "largest": self.examples.get(b, "")[:60],
@@ -100,8 +107,11 @@ class StepProfile(Printed):
         ]
 
     def __str__(self) -> str:
-        kind = "GPU kernels" if self.on_gpu else "CPU ops"
-        head = f"one step: {1e3 * self.step_s:.3g} ms of wall time, split by {kind}"
+        if self.on_gpu:
+            head = tr("one step: {ms:.3g} ms of wall time, split by GPU kernels")
+        else:
+            head = tr("one step: {ms:.3g} ms of wall time, split by CPU ops")
+        head = head.format(ms=1e3 * self.step_s)
         return head + "\n" + format_table(self.rows())
 
 
@@ -136,43 +146,58 @@ def cut_advice(bucket: str, on: set[str], available: set[str], on_gpu: bool) -> 
     """What would cut `bucket`, given the levers on and those this device has (chapter 7)."""
     if bucket == OPTIMIZER:
         if "fused_adamw" not in on and "fused_adamw" in available:
-            return "fused AdamW: one kernel per parameter group instead of chains of foreach ops"
+            return tr(
+                "fused AdamW: one kernel per parameter group instead of chains of foreach ops"
+            )
         if on_gpu and "graphs" not in on and "graphs" in available:
-            return "CUDA graphs take its launches off the CPU; its kernels stay"
-        return (
+            return tr("CUDA graphs take its launches off the CPU; its kernels stay")
+        return tr(
             "it reads and writes every weight, its gradient and both Adam moments once a step: "
             "memory-bound, cut only by fewer bytes (a lighter optimizer state)"
         )
     if bucket == IDLE_GPU:
         if "graphs" not in on and "graphs" in available:
-            return "CUDA graphs (the GPU replays the step without waiting for launches)"
+            return tr("CUDA graphs (the GPU replays the step without waiting for launches)")
         if "graphs" in on:  # the capstone graphs forward and backward, not the optimizer
-            return (
+            return tr(
                 "the CUDA graphs hold forward and backward; the optimizer step and gradient "
                 "clipping still launch kernel by kernel outside them: capture those too "
                 "(torch.compile the optimizer step), or give each launch more work (a bigger batch)"
             )
-        return "more work per launch: a bigger batch, or fewer, larger kernels"
+        return tr("more work per launch: a bigger batch, or fewer, larger kernels")
     if bucket == IDLE_CPU:
-        data = "" if "resident" in on else "resident data takes the DataLoader's share of it; "
-        return f"{data}the rest is Python and dispatch per op, which a bigger batch spreads thinner"
+        if "resident" in on:
+            return tr(
+                "the rest is Python and dispatch per op, which a bigger batch spreads thinner"
+            )
+        return tr(
+            "resident data takes the DataLoader's share of it; the rest is Python and dispatch "
+            "per op, which a bigger batch spreads thinner"
+        )
     if bucket == FUSED:
-        return (
+        return tr(
             "already fused by torch.compile (norms, GELU, residual adds and their backward); "
             "memory-bound: fewer bytes per element would cut them, not fewer launches"
         )
     if bucket == COPIES:
         if "resident" not in on:
-            return "resident data: the batch gathered on the device, no copy per step"
-        return "casts and layout copies: torch.compile folds many of them into its kernels"
+            return tr("resident data: the batch gathered on the device, no copy per step")
+        return tr("casts and layout copies: torch.compile folds many of them into its kernels")
     if "compile" not in on and "compile" in available:
-        return "torch.compile fuses these elementwise kernels and their backward (where compiling pays off: section 5.5)"
-    return "ops no lever here fuses: the table above names them"
+        return tr(
+            "torch.compile fuses these elementwise kernels and their backward (where compiling "
+            "pays off: section 5.5)"
+        )
+    return tr("ops no lever here fuses: the table above names them")
 
 
 def advice(profile_: StepProfile, on: list[str], available: list[str], n: int = 3) -> list[str]:
     """One line per large non-matmul bucket left: its share and what would cut it (chapter 7)."""
     return [
-        f"{b}: {profile_.share(b):.0%} of the step; {cut_advice(b, set(on), set(available), profile_.on_gpu)}"
+        tr("{bucket}: {share:.0%} of the step; {advice}").format(
+            bucket=tr(b),
+            share=profile_.share(b),
+            advice=cut_advice(b, set(on), set(available), profile_.on_gpu),
+        )
         for b in profile_.largest_left(n)
     ]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from helpers.i18n import tr
 from helpers.tables import format_table
 from helpers.units import Printed
 from helpers.validate import first_line
@@ -48,8 +49,10 @@ class SweepResult(Printed):
     def column(self, name: str) -> list[Any]:
         """All values of one column, in sweep order (chapter 1)."""
         if any(name not in r for r in self.rows):
-            have = ", ".join(self.rows[0]) if self.rows else "none (the sweep has no rows)"
-            raise KeyError(f"column {name!r} is missing; columns: {have}.")
+            have = ", ".join(self.rows[0]) if self.rows else tr("none (the sweep has no rows)")
+            raise KeyError(
+                tr("column {name!r} is missing; columns: {have}.").format(name=name, have=have)
+            )
         return [r[name] for r in self.rows]
 
     def __len__(self) -> int:
@@ -57,7 +60,9 @@ class SweepResult(Printed):
 
     def __str__(self) -> str:
         text = format_table(self.rows)
-        return text if self.stopped is None else f"{text}\n(stopped early: {self.stopped})"
+        if self.stopped is None:
+            return text
+        return text + "\n" + tr("(stopped early: {why})").format(why=self.stopped)
 
 
 def run_sweep(
@@ -70,29 +75,39 @@ def run_sweep(
     """measure(v) for each v, collecting its dict rows; stop cleanly on out-of-memory (chapter 1)."""
     values = list(values)
     if not values:
-        raise ValueError(f"The sweep over {param!r} got no values: pass at least one.")
+        raise ValueError(
+            tr("The sweep over {param!r} got no values: pass at least one.").format(param=param)
+        )
     result = SweepResult(param=param)
-    bar = tqdm(values, desc=f"sweep over {param}", leave=False, disable=not progress)
+    shown = tr(param) if param else param  # a column name: in the learner's language if known
+    desc = tr("sweep over {param}").format(param=shown)
+    bar = tqdm(values, desc=desc, leave=False, disable=not progress)
     for value in bar:
         try:
             row = measure(value)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            result.stopped = f"out of memory at {param}={value}: {first_line(exc)}"
+            result.stopped = tr("out of memory at {param}={value}: {error}").format(
+                param=param, value=value, error=first_line(exc)
+            )
             exc.__traceback__ = None  # the traceback holds the failed step's tensors
             break
         if not isinstance(row, dict):
             raise TypeError(
-                f"The measure function must return a dict (one table row), got {type(row).__name__}."
+                tr("The measure function must return a dict (one table row), got {type}.").format(
+                    type=type(row).__name__
+                )
             )
         result.rows.append({param: value, **row})
     bar.close()
     if result.stopped is not None:
         free_cached_memory()
         print(
-            f"Stopped the sweep: {result.stopped}\n"
-            f"Kept the {len(result.rows)} row(s) measured before it. Try smaller values, "
-            f"or free memory (del big tensors) and run again."
+            tr(
+                "Stopped the sweep: {why}\n"
+                "Kept the {count} row(s) measured before it. Try smaller values, "
+                "or free memory (del big tensors) and run again."
+            ).format(why=result.stopped, count=len(result.rows))
         )
     return result

@@ -13,23 +13,25 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from helpers.i18n import tr, tr_mark
 from helpers.units import Printed
 
 _T = torch.Tensor
 
-#: Calls that need a tensor's value on the host, with the name the counter reports.
+#: Calls that need a tensor's value on the host, with the name the counter reports (the names
+#: in words are marked for the catalog: the counter's printouts show them translated).
 VALUE_READS: dict[Callable[..., Any], str] = {
     _T.item: ".item()",
     _T.tolist: ".tolist()",
     _T.numpy: ".numpy()",
     _T.cpu: ".cpu()",
     _T.__array__: "numpy.asarray(t)",
-    _T.__repr__: "print / repr",
-    _T.__format__: "f-string format",
+    _T.__repr__: tr_mark("print / repr"),
+    _T.__format__: tr_mark("f-string format"),
     _T.__bool__: "bool(t) / if t:",
     _T.__int__: "int(t)",
     _T.__float__: "float(t)",
-    _T.__index__: "t used as an index",
+    _T.__index__: tr_mark("t used as an index"),
     _T.__complex__: "complex(t)",
     **{getattr(torch, name): f"torch.{name}" for name in ("equal", "allclose", "is_nonzero")},
     **{getattr(_T, name): f"t.{name}" for name in ("equal", "allclose", "is_nonzero")},
@@ -45,12 +47,12 @@ DATA_DEPENDENT: dict[Callable[..., Any], str] = {
 #: Calls that sync only with some arguments (checked in :func:`_conditional_sync`).
 CONDITIONAL: dict[Callable[..., Any], str] = {
     torch.where: "torch.where(condition)",
-    _T.__getitem__: "boolean-mask indexing",
-    _T.__setitem__: "boolean-mask assignment",
+    _T.__getitem__: tr_mark("boolean-mask indexing"),
+    _T.__setitem__: tr_mark("boolean-mask assignment"),
     torch.repeat_interleave: "repeat_interleave(tensor repeats)",
     _T.repeat_interleave: "repeat_interleave(tensor repeats)",
-    _T.to: ".to('cpu') from a device",
-    _T.copy_: "copy_ from a device to the host",
+    _T.to: tr_mark(".to('cpu') from a device"),
+    _T.copy_: tr_mark("copy_ from a device to the host"),
 }
 
 #: Code whose reads of CPU tensors stay host-side bookkeeping in a GPU run too (PyTorch itself,
@@ -141,8 +143,10 @@ class SyncCounter(TorchFunctionMode, Printed):
         self.cuda_debug = torch.cuda.is_available() if cuda_debug is None else cuda_debug
         if self.cuda_debug and not torch.cuda.is_available():
             raise RuntimeError(
-                "cuda_debug=True needs a CUDA (or ROCm) GPU; leave it as None to use it "
-                "only where one exists."
+                tr(
+                    "cuda_debug=True needs a CUDA (or ROCm) GPU; leave it as None to use it "
+                    "only where one exists."
+                )
             )
         self.cuda_syncs: int | None = None
         self._previous_mode = 0
@@ -196,20 +200,26 @@ class SyncCounter(TorchFunctionMode, Printed):
         return sum(not e.counted for e in self.events)
 
     def by_kind(self) -> Counter[str]:
-        """Counted reads grouped by what did them, e.g. {'.item()': 157} (chapter 2)."""
-        return Counter(e.what for e in self.events if e.counted)
+        """Counted reads grouped by what did them, e.g. {'.item()': 157}; names in words in the learner's language (chapter 2)."""
+        return Counter(tr(e.what) for e in self.events if e.counted)
 
     def by_place(self) -> Counter[str]:
         """Counted reads grouped by 'what at file:line' (chapter 2)."""
-        return Counter(f"{e.what} at {e.where}" for e in self.events if e.counted)
+        return Counter(
+            tr("{what} at {where}").format(what=tr(e.what), where=e.where)
+            for e in self.events
+            if e.counted
+        )
 
     def __str__(self) -> str:
-        kinds = ", ".join(f"{k} x{v}" for k, v in self.by_kind().most_common()) or "none"
-        text = f"{self.count} host sync(s): {kinds}"
+        kinds = ", ".join(f"{k} x{v}" for k, v in self.by_kind().most_common()) or tr("none")
+        text = tr("{count} host sync(s): {kinds}").format(count=self.count, kinds=kinds)
         if self.ignored:
-            text += f" (not counted: {self.ignored} host-side bookkeeping read(s) by PyTorch)"
+            text += tr(" (not counted: {n} host-side bookkeeping read(s) by PyTorch)").format(
+                n=self.ignored
+            )
         if self.cuda_syncs is not None:
-            text += f"; CUDA sync debug mode reported {self.cuda_syncs}"
+            text += tr("; CUDA sync debug mode reported {n}").format(n=self.cuda_syncs)
         return text
 
 
@@ -218,18 +228,20 @@ def count_syncs(
 ) -> tuple[Any, SyncCounter]:
     """Run fn(*args, **kwargs) under a SyncCounter; return (its result, the counter) (chapter 2)."""
     if not callable(fn):
-        raise TypeError(f"count_syncs() needs a function to call, got {type(fn).__name__}.")
+        raise TypeError(
+            tr("count_syncs() needs a function to call, got {type}.").format(type=type(fn).__name__)
+        )
     with SyncCounter(cuda_debug=cuda_debug) as counter:
         result = fn(*args, **kwargs)
     return result, counter
 
 
 def sync_kinds() -> Iterator[tuple[str, str]]:
-    """(kind, call) for every call the counter knows, for a table in the notebook (chapter 2)."""
+    """(kind, call) for every call the counter knows, for a table in the notebook; in the learner's language (chapter 2)."""
     tables = (
-        ("reads a value", VALUE_READS),
-        ("data-dependent shape", DATA_DEPENDENT),
-        ("depends on the arguments", CONDITIONAL),
+        (tr("reads a value"), VALUE_READS),
+        (tr("data-dependent shape"), DATA_DEPENDENT),
+        (tr("depends on the arguments"), CONDITIONAL),
     )
     calls = {name: kind for kind, table in tables for name in table.values()}  # each name once
-    yield from ((kind, name) for name, kind in calls.items())
+    yield from ((kind, tr(name)) for name, kind in calls.items())

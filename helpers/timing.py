@@ -11,6 +11,7 @@ import torch
 from torch.utils import benchmark as tbench
 
 from helpers.devices import resolve_device, synchronize
+from helpers.i18n import tr, tr_mark
 from helpers.machine_state import MachineState, MachineWatch
 from helpers.units import Printed, format_seconds
 from helpers.validate import positive_int, positive_seconds
@@ -46,10 +47,18 @@ class BenchResult(Printed):
         return work / self.median
 
     def __str__(self) -> str:
-        return (
-            f"{self.label or 'benchmark'}: median {format_seconds(self.median)} per call, "
-            f"IQR {format_seconds(self.iqr)} ({self.repeats} blocks of {self.number_per_run}, "
-            f"{self.num_threads} thread(s), {self.device}, {self.method})"
+        return tr(
+            "{label}: median {median} per call, IQR {iqr} ({repeats} blocks of {number}, "
+            "{threads} thread(s), {device}, {method})"
+        ).format(
+            label=self.label or tr("benchmark"),
+            median=format_seconds(self.median),
+            iqr=format_seconds(self.iqr),
+            repeats=self.repeats,
+            number=self.number_per_run,
+            threads=self.num_threads,
+            device=self.device,
+            method=tr(self.method) if self.method else "",
         )
 
 
@@ -88,9 +97,13 @@ def benchmark(
 ) -> BenchResult:
     """Time fn(*args, **kwargs) on `device`: warm-up, sync, repeats; median and IQR per call (chapter 1)."""
     if not callable(fn):
-        raise TypeError(f"benchmark() needs a function to call, got {type(fn).__name__}.")
+        raise TypeError(
+            tr("benchmark() needs a function to call, got {type}.").format(type=type(fn).__name__)
+        )
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}.")
+        raise ValueError(
+            tr("warmup must be a whole number >= 0, got {value!r}.").format(value=warmup)
+        )
     positive_seconds(min_run_time, "min_run_time")
     min_repeats = positive_int(min_repeats, "min_repeats")
     device = resolve_device(device)
@@ -132,7 +145,7 @@ def _measure(
     if device.type == "cuda":
         with torch.cuda.device(device):  # events on the timed GPU's stream, not the current GPU's
             m = _cuda_measurement(call, min_run_time, min_repeats, label)
-        method = "CUDA events"
+        method = tr_mark("CUDA events")
     else:
 
         def clock() -> float:  # waits for the device's queued work first

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from helpers.i18n import tr
+
 #: Binary units: 2**20 and 2**30 bytes.
 MiB = 2**20
 GiB = 2**30
@@ -13,7 +15,7 @@ GiB = 2**30
 def format_bytes(n: float) -> str:
     """20971520 -> '20.00 MiB' (binary units, sign kept) (chapter 1)."""
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n):
-        raise ValueError(f"format_bytes needs a finite number of bytes, got {n!r}.")
+        raise ValueError(tr("format_bytes needs a finite number of bytes, got {n!r}.").format(n=n))
     sign, n = ("-" if n < 0 else ""), abs(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:

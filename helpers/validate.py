@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers.i18n import tr
+
 
 class DeviceError(ValueError):
     """A device that does not exist here, or cannot do what was asked (chapter 1)."""
@@ -19,14 +21,24 @@ def first_line(exc: BaseException) -> str:
 def positive_int(value: Any, name: str) -> int:
     """`value` as an int if it is a whole number > 0, else a ValueError naming `name` (chapter 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"{name} must be a whole number > 0, got {value!r}.")
+        raise ValueError(
+            tr("{name} must be a whole number > 0, got {value!r}.").format(name=name, value=value)
+        )
     if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}. Use a positive size.")
+        raise ValueError(
+            tr("{name} must be > 0, got {value!r}. Use a positive size.").format(
+                name=name, value=value
+            )
+        )
     return int(value)
 
 
 def positive_seconds(value: Any, name: str) -> float:
     """`value` as a float if it is a number of seconds > 0, else a ValueError naming `name` (chapter 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
+        raise ValueError(
+            tr("{name} must be a positive number of seconds, got {value!r}.").format(
+                name=name, value=value
+            )
+        )
     return float(value)

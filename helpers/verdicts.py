@@ -18,6 +18,14 @@ from helpers.machine_state import MachineState, merge_states
 
 #: The words compare_rows is given for "better" (its `better=`), so the catalog has them.
 BETTER_WORDS = (tr_mark("faster"), tr_mark("slower"), tr_mark("shorter"), tr_mark("more tokens/s"))
+#: A conclusive verdict for each of BETTER_WORDS, whole: Chinese says each comparison its own
+#: way (「A 的速度是 B 的 1.33 倍」, 「A 的耗时只有 B 的 1/1.33」) where English swaps one word.
+_BETTER_SENTENCES = {
+    "faster": tr_mark("here, {a} was {ratio:.2f}x faster than {b}"),
+    "slower": tr_mark("here, {a} was {ratio:.2f}x slower than {b}"),
+    "shorter": tr_mark("here, {a} was {ratio:.2f}x shorter than {b}"),
+    "more tokens/s": tr_mark("here, {a} was {ratio:.2f}x more tokens/s than {b}"),
+}
 
 
 class Verdict(str):
@@ -28,6 +36,7 @@ class Verdict(str):
     ratio: float  # how many times better row `a` was than row `b` (> 1: a was better)
     noise: float  # the two rows' relative spreads added
     conclusive: bool  # beyond the noise, on a quiet machine
+    quiet: bool  # the machine was quiet (else the verdict says "inconclusive")
 
 
 def row_named(rows: Sequence[Mapping[str, Any]], key: str, name: object) -> Mapping[str, Any]:
@@ -36,8 +45,10 @@ def row_named(rows: Sequence[Mapping[str, Any]], key: str, name: object) -> Mapp
     if len(found) != 1:
         names = ", ".join(repr(r.get(key)) for r in rows)
         raise ValueError(
-            f"The table has {len(found)} rows with {key!r} = {name!r} (its rows: {names}); "
-            "a verdict must name exactly one row of the table it speaks about."
+            tr(
+                "The table has {count} rows with {key!r} = {name!r} (its rows: {names}); "
+                "a verdict must name exactly one row of the table it speaks about."
+            ).format(count=len(found), key=key, name=name, names=names)
         )
     return found[0]
 
@@ -47,8 +58,10 @@ def _number(row: Mapping[str, Any], column: str) -> float:
     value = row.get(column)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(
-            f"Column {column!r} must hold numbers to compare rows, got {value!r}: keep the "
-            "number in the row and format it when printing."
+            tr(
+                "Column {column!r} must hold numbers to compare rows, got {value!r}: keep the "
+                "number in the row and format it when printing."
+            ).format(column=column, value=value)
         )
     return float(value)
 
@@ -81,18 +94,24 @@ def compare_rows(
     """
     if a == b:
         raise ValueError(
-            f"compare_rows compares two different rows; both are {key!r} = {a!r}. Name the two "
-            "rows the verdict speaks about."
+            tr(
+                "compare_rows compares two different rows; both are {key!r} = {a!r}. Name the two "
+                "rows the verdict speaks about."
+            ).format(key=key, a=a)
         )
     ra, rb = row_named(rows, key, a), row_named(rows, key, b)
     va, vb = _number(ra, value), _number(rb, value)
     if va <= 0 or vb <= 0 or not (math.isfinite(va) and math.isfinite(vb)):
         raise ValueError(
-            f"Column {value!r} must be positive and finite to compare, got {va}, {vb}."
+            tr("Column {column!r} must be positive and finite to compare, got {a}, {b}.").format(
+                column=value, a=va, b=vb
+            )
         )
     ratio = va / vb if higher_is_better else vb / va
     if iqr and spread:
-        raise ValueError("Give a row's spread as iqr= (absolute) or spread= (relative), not both.")
+        raise ValueError(
+            tr("Give a row's spread as iqr= (absolute) or spread= (relative), not both.")
+        )
     noise = 0.0
     if iqr:
         noise = _number(ra, iqr) / va + _number(rb, iqr) / vb
@@ -105,14 +124,15 @@ def compare_rows(
         text = tr(
             "{ahead} vs {behind}: too close to call ({lead:.2f}x, spreads add up to {noise:.0%})"
         ).format(ahead=ahead, behind=behind, lead=lead, noise=noise)
-    elif ratio > 1:
-        text = tr("here, {a} was {ratio:.2f}x {better} than {b}").format(
-            a=na, ratio=ratio, better=tr(better), b=nb
-        )
     else:
-        text = tr("here, {a} was {ratio:.2f}x {better} than {b}").format(
-            a=nb, ratio=1 / ratio, better=tr(better), b=na
-        )
+        winner, loser, times = (na, nb, ratio) if ratio > 1 else (nb, na, 1 / ratio)
+        sentence = _BETTER_SENTENCES.get(better)
+        if sentence is not None:
+            text = tr(sentence).format(a=winner, ratio=times, b=loser)
+        else:  # a caller's own word
+            text = tr("here, {a} was {ratio:.2f}x {better} than {b}").format(
+                a=winner, ratio=times, better=tr(better) if better else better, b=loser
+            )
     state = _machine(machine)
     quiet = state is None or state.quiet
     if not quiet:
@@ -122,5 +142,5 @@ def compare_rows(
         )
     verdict = Verdict(text)
     verdict.a, verdict.b, verdict.ratio, verdict.noise = str(a), str(b), ratio, noise
-    verdict.conclusive = beyond and quiet
+    verdict.conclusive, verdict.quiet = beyond and quiet, quiet
     return verdict

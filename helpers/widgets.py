@@ -9,7 +9,11 @@ from typing import Any
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
+from helpers.i18n import tr, tr_mark
 from helpers.plots import show
+
+#: The Run button's label (translated where the button is made).
+RUN = tr_mark("Run")
 
 
 def _clean(value: Any) -> Any:
@@ -26,11 +30,14 @@ def interactive_plot(
     plot: Callable[[Any], Figure],
     controls: dict[str, widgets.Widget],
     *,
-    run_label: str = "Run",
+    run_label: str = RUN,
 ) -> widgets.VBox:
     """Controls + a Run button + an Output: on click, run(**values), plot(result) into the Output (chapter 1)."""
-    button = widgets.Button(description=run_label, button_style="primary", icon="play")
-    status = widgets.HTML(value="Set the controls, then press <b>Run</b>.")
+    label = tr(run_label)
+    button = widgets.Button(description=label, button_style="primary", icon="play")
+    status = widgets.HTML(
+        value=tr("Set the controls, then press <b>{label}</b>.").format(label=label)
+    )
     output = widgets.Output()
     box = widgets.VBox([*controls.values(), widgets.HBox([button, status]), output])
     box.run_button, box.output, box.controls = button, output, controls
@@ -39,15 +46,16 @@ def interactive_plot(
     def on_click(_: widgets.Button) -> None:
         values = {name: _clean(w.value) for name, w in controls.items()}
         button.disabled = True
-        status.value = "running…"
+        status.value = tr("running…")
         with output:
             output.clear_output(wait=True)
             try:
                 box.last_result = run(**values)
                 show(plot(box.last_result))
-                status.value = "done: " + ", ".join(f"{k}={v}" for k, v in values.items())
+                settings = ", ".join(f"{k}={v}" for k, v in values.items())
+                status.value = tr("done: {settings}").format(settings=settings)
             except Exception as exc:  # keep the kernel and the widget alive, say what went wrong
-                status.value = "❌ failed, see below"
+                status.value = tr("❌ failed, see below")
                 print(f"❌ {type(exc).__name__}: {exc}")
             finally:
                 button.disabled = False

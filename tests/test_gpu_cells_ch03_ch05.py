@@ -72,7 +72,10 @@ def test_ch03_tf32_cell_on_an_h100_prints_its_tables_ratio(fake_gpu, monkeypatch
     assert numbers(verdict)[0] == pytest.approx(expected, abs=0.006)
 
 
-@pytest.mark.parametrize(("kind", "why"), [("t4", "it needs NVIDIA 8.0+"), ("mps", "it needs")])
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("t4", "it needs an NVIDIA GPU of compute capability 8.0+"), ("mps", "it needs")],
+)
 def test_ch03_tf32_cell_says_why_there_is_none(fake_gpu, capsys, kind: str, why: str) -> None:  # noqa: ANN001
     gpu = fake_gpu(kind)
     exec(cell("03_mixed_precision.ipynb", "time_tf32("), {"torch": torch, "device": gpu.device})

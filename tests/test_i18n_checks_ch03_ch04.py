@@ -109,20 +109,20 @@ def test_a_wrong_effective_batch_is_explained_in_chinese(chinese, capsys) -> Non
     result = ch04.check_scaled_lr(lr_without_accumulation)
     out = capsys.readouterr().out
     assert result.status == FAIL and out.startswith(
-        "❌ 练习 1：有效批次与学习率：[探针：base_lr=0.1"
+        "❌ 练习 1：有效批大小与学习率：[探针：base_lr=0.1"
     ), out
-    assert "有效批次忽略了梯度累积" in out and "accum_steps=4" in out, out
+    assert "有效批大小忽略了梯度累积" in out and "accum_steps=4" in out, out
 
 
 def test_a_right_learning_rate_is_correct_in_chinese(chinese, capsys) -> None:  # noqa: ANN001
     assert ch04.check_scaled_lr(lr_right).passed
-    assert capsys.readouterr().out == "✅ 练习 1：有效批次与学习率：正确。\n"
+    assert capsys.readouterr().out == "✅ 练习 1：有效批大小与学习率：正确。\n"
 
 
 def test_world_size_one_mistakes_are_explained_in_chinese_without_a_launch(chinese, capsys) -> None:  # noqa: ANN001
     result = ch04.check_average_gradients(halve_after_sum)
     assert result.status == FAIL
-    assert result.message.startswith("[探针：1 个 rank] 梯度小了 2x"), result.message
+    assert result.message.startswith("[探针：1 个 rank] 梯度只有正确值的 1/2"), result.message
     assert "（这里是 1）" in result.message
     # dist.isend is refused in Chinese, and that refusal is still recognised as a world-size-1 one
     result = ch04.check_average_gradients(swap_with_partner)

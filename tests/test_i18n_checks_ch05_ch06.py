@@ -27,7 +27,7 @@ def test_a_wrong_bill_is_explained_in_chinese_with_its_numbers(chinese, capsys) 
     out = capsys.readouterr().out
     assert result.status == FAIL and CJK.search(out), out
     # MLP 32-64-64-10: 2112 + 4160 + 650 = 6922 fp32 numbers, 27688 bytes
-    assert out.startswith("❌ 练习 1：训练账单：MLP 32-64-64-10 在批次 16 下的 parameters："), out
+    assert out.startswith("❌ 练习 1：训练账单：批大小为 16 时 MLP 32-64-64-10 的参数："), out
     assert "你给出 0，模型实际占用 27688 字节（6922 个 fp32 数，每个 4 字节）。" in out, out
 
 
@@ -134,7 +134,7 @@ def test_a_percentage_mfu_is_explained_in_chinese(chinese, capsys) -> None:  # n
     assert result.status == FAIL and CJK.search(out), out
     # 256 -> 128 at batch 64: 4 * 64 * 256 * 128 = 8388608 FLOPs in 2e-4 s against 1e11
     assert out.startswith(
-        "❌ 练习 4，一步训练的 MFU：[探针：Linear 层 256-128，批次 64] 你返回了 41.94，"
+        "❌ 练习 4，一步训练的 MFU：[探针：Linear 层 256-128，批大小 64] 你返回了 41.94，"
         "这是百分数：请返回比例（0.4194）。"
     ), out
 

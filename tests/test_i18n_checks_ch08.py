@@ -100,7 +100,7 @@ def test_a_value_mistake_on_launched_ranks_is_explained_in_chinese(capsys) -> No
     result = ch08_parallel.check_overlap_hooks(hooks_averaging_twice)
     out = capsys.readouterr().out
     assert result.status == FAIL
-    assert "[探针：2 个 rank，rank 0] 第 1 步：梯度小了 2 倍：平均了两次。" in out, out
+    assert "[探针：2 个 rank，rank 0] 第 1 步：梯度只有正确值的 1/2：平均了两次。" in out, out
 
 
 def test_a_float32_passage_is_measured_in_chinese(capsys) -> None:  # noqa: ANN001

@@ -44,7 +44,7 @@ def row(label: str = "baseline", step_s: float = 0.01, spread: float = 0.0) -> L
 def test_a_lever_that_helps_is_kept_in_chinese(chinese) -> None:
     best = row("sdpa", step_s=0.01)
     keep, text = keep_verdict(row("sdpa + amp", step_s=0.009), best)
-    assert keep and text == "保留：在每步 10 ms 时比不用它快 1.11x（噪声 ±2%）", text
+    assert keep and text == "保留：在每步 10 ms 时，速度是不用它时的 1.11 倍（噪声 ±2%）", text
     assert is_kept(text)
 
 
@@ -53,7 +53,7 @@ def test_a_lever_that_does_not_help_is_dropped_in_chinese_with_its_numbers(chine
     keep, text = keep_verdict(row("sdpa + amp", step_s=0.0101), best)
     assert not keep and text.startswith("舍弃：在每步 10 ms 时未显示出帮助（0.99x，噪声 ±2%）")
     keep, text = keep_verdict(row("sdpa + amp", step_s=0.0125), best)
-    assert not keep and text == "舍弃：在每步 10 ms 时慢了 1.25x（噪声 ±2%）", text
+    assert not keep and text == "舍弃：在每步 10 ms 时，耗时是不用它时的 1.25 倍（噪声 ±2%）", text
     assert not is_kept(text)
 
 
@@ -61,7 +61,7 @@ def test_removal_and_cost_verdicts_in_chinese(chinese) -> None:
     final = row("resident + sdpa", step_s=0.010)
     assert removal_verdict("resident", row("sdpa", step_s=0.008), final) == (
         True,
-        "移除 resident：不用它快 1.25x（噪声 ±2%）",
+        "移除 resident：不用它时的速度是用它时的 1.25 倍（噪声 ±2%）",
     )
     stays = removal_verdict("resident", row("sdpa", step_s=0.0101), final)[1]
     assert stays == (
@@ -70,7 +70,7 @@ def test_removal_and_cost_verdicts_in_chinese(chinese) -> None:
     ), stays
     without, ckpt = row("sdpa", step_s=0.010), row("sdpa + checkpoint", step_s=0.0135)
     cost = cost_verdict(ckpt, without, "checkpointing")
-    assert cost == "在每步 10 ms 时，开启激活检查点后每步耗时是原来的 1.35x（噪声 ±2%）", cost
+    assert cost == "在每步 10 ms 时，开启激活检查点后每步耗时是原来的 1.35 倍（噪声 ±2%）", cost
 
 
 def test_explanations_in_chinese(chinese, fake_gpu) -> None:  # noqa: ANN001
@@ -81,7 +81,7 @@ def test_explanations_in_chinese(chinese, fake_gpu) -> None:  # noqa: ANN001
     assert lever_available("graphs", "cpu") == (False, "CUDA 图需要 CUDA 或 ROCm GPU，而这里是 cpu")
     fake_gpu("h100_sxm")
     ratio = recipe_ratio("cuda", BIG, 16, 629_617)
-    assert ratio == "最终配置对比公开配方：1.10x（629,617 对 572,379 tokens/s）", ratio
+    assert ratio == "最终配置的吞吐量是公开配方的 1.10 倍（629,617 对 572,379 tokens/s）", ratio
 
 
 STEP_S = {"baseline": 0.010, "resident": 0.0099, "sdpa": 0.008, "resident + sdpa": 0.006}
@@ -106,16 +106,19 @@ def test_the_lever_search_prints_chinese(chinese, capsys) -> None:
     search.try_lever("sdpa")
     search.try_lever("tf32")  # no TF32 on a CPU
     out = capsys.readouterr().out
-    assert "sdpa：保留：在每步 10 ms 时比不用它快 1.25x（噪声 ±2%）；目前是基线的 1.25x" in out
+    assert (
+        "sdpa：保留：在每步 10 ms 时，速度是不用它时的 1.25 倍（噪声 ±2%）；目前的速度是基线的 1.25 倍"
+        in out
+    )
     assert "tf32：在这里跳过：TF32 需要计算能力 8.0 及以上的 NVIDIA GPU" in out, out
     assert search.ablate(("resident", "sdpa")) is True
     out = capsys.readouterr().out
-    assert "第 1 轮消融：resident + sdpa 胜过最终配置，1.33x" in out, out
+    assert "第 1 轮消融：resident + sdpa 胜过最终配置，速度是后者的 1.33 倍" in out, out
     assert "第 2 轮消融：开启或关闭任何一个优化手段都没有胜过最终配置" in out, out
     assert search.ablation[0].kept == "最终配置（第 1 轮）"
     assert search.not_shown_to_help() == []  # kept levers are told apart in Chinese too
     verdict = search.final_verdict()
-    assert verdict == "在这台机器上，resident + sdpa 比 baseline 快 1.67x", verdict
+    assert verdict == "在这台机器上，resident + sdpa 的速度是 baseline 的 1.67 倍", verdict
     colors = [p.get_facecolor()[:3] for p in plot_levers(search.rows).axes[0].patches]
     assert len(set(colors)) == 2  # the kept lever stands out
 
@@ -133,7 +136,9 @@ def test_english_is_back_after_chinese() -> None:
 def test_the_cpu_sweep_plan_reads_in_chinese(chinese) -> None:
     plan = tm.sweep_plan("cpu", lengths=[32, 64])
     text = str(plan)
-    assert text.startswith("cpu：批次 1 x 4 个头 x head_dim 64，float32（CPU：fp32，它的快速格式）")
+    assert text.startswith(
+        "cpu：批大小 1 x 4 个头 x head_dim 64，float32（CPU：fp32，它的快速格式）"
+    )
     assert "因果；T = 32, 64；方法：sdpa default, pytorch tiles, written out" in text, text
     assert any(n.startswith("没有峰值内存列") for n in plan.notes), plan.notes
 
@@ -159,8 +164,8 @@ def test_triton_verdicts_in_chinese_carry_the_ratio(chinese) -> None:
     ]
     verdicts = [str(v) for v in tm.triton_verdicts(rows)]
     assert verdicts == [
-        "在这台机器上，triton @ 2048 比 sdpa flash @ 2048 快 1.50x",
-        "在这台机器上，triton @ 2048 比 pytorch tiles @ 2048 快 3.00x",
+        "在这台机器上，triton @ 2048 的速度是 sdpa flash @ 2048 的 1.50 倍",
+        "在这台机器上，triton @ 2048 的速度是 pytorch tiles @ 2048 的 3.00 倍",
     ], verdicts
     assert all(CJK.search(v) for v in verdicts)
 

@@ -50,20 +50,20 @@ def test_the_speedup_verdict_is_chinese_with_the_tables_numbers(chinese, capsys)
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert all(CJK.search(line) for line in lines), out
-    assert lines[0].startswith("最大加速比，出现在 n=1024：") and "137.13x" in lines[0]
+    assert lines[0].startswith("最大加速比，出现在 n=1024：") and "137.13 倍" in lines[0]
     assert "从 n=1024 起，cuda:0 更快，且超出了波动范围" in out  # a conclusive verdict
     assert "未计入，n = 64, 128, 256, 512：从 n=64 到 n=512，CPU 时间几乎不变" in out
-    assert "（7.994-7.997 ms）" in out and "512x" in out
+    assert "（7.994-7.997 ms）" in out and "增长到原来的 512 倍" in out
     assert "每个 n 取 1 和 6 个线程中较快的一种" in lines[-1]
     assert "floor" not in out and "relative to" not in out
 
 
 def test_a_busy_machine_and_no_rows_are_said_in_chinese(chinese) -> None:  # noqa: ANN001
     text = speedup(H100_ROWS, SHARED)
-    assert "无法判定持平点（break-even）：" in text and "2" in text, text
+    assert "无法判定持平点：" in text and "2" in text, text
     slower = speedup({64: (0.01, 0.02), 128: (0.04, 0.01), 256: (0.16, 0.2)}, QUIET)
     assert "找不到这样一个 n：从它起 cuda:0 在每个尺寸上都更快" in slower, slower
-    assert "4.00x" in slower.splitlines()[0]
+    assert "4.00 倍" in slower.splitlines()[0]
     none = mm.speedup_verdict(mm.MatmulSweep(param="n"))
     assert CJK.search(none) and "加速比" in none, none
 
@@ -104,13 +104,13 @@ def test_a_checkpointing_cost_line_is_chinese(chinese, capsys) -> None:  # noqa:
     print(cost.line("pairs of blocks"))
     pure, saving = capsys.readouterr().out.splitlines()
     assert pure.startswith(
-        "each block：什么也没省下（为反向传播保存 20.00 MiB，与不用检查点时相同）"
+        "每个块：什么也没省下（为反向传播保存 20.00 MiB，与不做激活检查点时相同）"
     )
-    assert "FLOPs +36%；纯属额外开销：" in pure and "1.40x" in pure, pure
-    assert saving.startswith("pairs of blocks：为反向传播保存的数据省下了 8.00 MiB（共 20.00 MiB）")
-    assert "1.40x" in saving and CJK.search(saving.split("；")[-1]), saving
+    assert "FLOPs +36%；纯属额外开销：" in pure and "1.40 倍" in pure, pure
+    assert saving.startswith("每两个块：为反向传播保存的 20.00 MiB 中省下了 8.00 MiB")
+    assert "1.40 倍" in saving and CJK.search(saving.split("；")[-1]), saving
     busy = h100_cost(SHARED).line("each block")
-    assert "纯属额外开销" not in busy and "无法定论" in busy, busy
+    assert "纯属额外开销" not in busy and "无从判断" in busy, busy
 
 
 # --- helpers.amp_sweep: did AMP move the final loss? --------------------------------------------
@@ -122,13 +122,14 @@ def test_the_loss_gap_verdict_is_chinese(chinese, capsys) -> None:  # noqa: ANN0
     assert head.startswith("bf16 的最终损失为 0.03363，fp32 在同一种子下为 0.04518：低了 0.012")
     assert "25.6%" in head and "种子 0, 1, 2" in head, head
     assert (
-        tail == "-> 在换一个种子带来的变化之内（是该差距的 0.92x）：就训练所能分辨的而言，结果相同"
+        tail
+        == "-> 在换一个种子带来的变化之内（是种子间波动的 0.92 倍）：就训练所能分辨的而言，结果相同"
     )
     beyond = str(LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0453}))
-    assert "超出了换一个种子带来的变化（是该差距的 96.2x）：在这里，bf16 改变了结果" in beyond
+    assert "超出了换一个种子带来的变化（是种子间波动的 96.2 倍）：在这里，bf16 改变了结果" in beyond
     assert str(LossGap("fp16", 0.5, {0: 0.5, 1: 0.5})).endswith("-> 完全相同")
     changed = str(LossGap("fp16", 0.6, {0: 0.5, 1: 0.5}))
-    assert "高了 0.1" in changed and "fp16 改变了它，而换种子没有改变" in changed, changed
+    assert "高了 0.1" in changed and "fp16 改变了结果，而换种子没有" in changed, changed
     own = str(LossGap("fp16", 0.34, {0: 0.34, 1: 0.32}, what="mean loss of epoch 1"))
     assert own.startswith("fp16 的mean loss of epoch 1为 0.34")  # a caller's own words as given
 
@@ -153,6 +154,6 @@ def test_the_fixes_plot_title_is_chinese(chinese) -> None:  # noqa: ANN001
         with warnings.catch_warnings():  # a font without CJK glyphs warns; the title is text
             warnings.simplefilter("ignore", UserWarning)
             fig = plot_fixes(result)
-        title = fig.axes[0].get_title().replace("\n", " ")
+        title = fig.axes[0].get_title().replace("\n", "")  # Chinese wraps between characters
         plt.close(fig)
-        assert CJK.search(title) and "5.00x" in title and title.endswith(f"; {words}"), title
+        assert CJK.search(title) and "5.00 倍" in title and title.endswith(f"；{words}"), title

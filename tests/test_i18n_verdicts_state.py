@@ -31,13 +31,13 @@ def test_same_math_verdicts_are_chinese_with_their_numbers(chinese, capsys) -> N
     print(far)
     out = capsys.readouterr().out
     assert out.startswith(
-        "bug vs base：不一致：第 3 步的差距是容差的 1.56x（容差为 64 x 噪声底）；a bug"
+        "bug vs base：不一致：第 3 步的差距是容差的 1.56 倍（容差为本底噪声的 64 倍）；a bug"
     )
     assert "  step " in out and "  tolerance " in out  # the table's row names stay as they are
     control = same_math("lr +10%", [5.5, 5.2 + 100 * ulp, 5.0 + 200 * ulp], base, floor)
     assert control.as_control().startswith("lr +10%：在 3 步中从第 2 步起超出容差")
     assert control.as_control().endswith("检查看得出这一改动")
-    assert str(floor).startswith("base 在 3 步内的噪声底：重跑一次的差距最多 0.0e+00")
+    assert str(floor).startswith("base 在 3 步内的本底噪声：重跑一次的差距最多 0.0e+00")
     missing = check_not_run("compile", "")
     assert missing.verdict() == (
         "compile：未检查，而这个优化手段必须保持数学等价：检查无法运行（未给出原因）"
@@ -50,7 +50,7 @@ def test_same_math_that_passes_says_so_in_chinese(chinese) -> None:
     assert close.passed
     text = close.verdict()
     assert text.startswith("lever vs base：3 步内数学等价（最大差距 ")
-    assert "最接近容差的是第 2 步，为容差的 0.047x" in text, text
+    assert "最接近容差的是第 2 步，为容差的 0.047 倍" in text, text
 
 
 def test_machine_state_line_and_caveat_are_chinese(chinese, capsys) -> None:
@@ -87,7 +87,7 @@ def test_max_batch_results_and_refusals_are_chinese(chinese) -> None:
     result = find_max_batch(lambda b: (b <= 50, f"b={b}"), start=8, limit=4096, method="toy")
     text = str(result)
     assert text.startswith("能放下的最大批次：50  [toy，"), text
-    assert "batch" in text and "detail" in text  # the table's columns stay as they are
+    assert "批大小" in text and "放得下" in text and "是" in text  # headers and words translated
     at_limit = find_max_batch(lambda b: True, limit=64)
     assert str(at_limit).startswith("能放下的最大批次：64（已到搜索上限；更大的批次也可能放得下）")
     with pytest.raises(ValueError, match="连批大小 1 都放不下：太大了。"):
@@ -103,7 +103,7 @@ def test_out_of_memory_is_explained_in_chinese(chinese, fake_gpu) -> None:
     outcome = try_step(torch.empty, IMPOSSIBLE, dtype=torch.uint8)
     assert not outcome.ok
     assert outcome.message.startswith(
-        "empty 中显存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝。"
+        "empty 中显存或内存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝。"
     )
     assert "激活检查点" in outcome.message
     fake_gpu("t4")
@@ -114,7 +114,8 @@ def test_out_of_memory_is_explained_in_chinese(chinese, fake_gpu) -> None:
     result = max_batch_before_oom(step, "cuda", limit=64)
     assert result.largest == 20 and result.probes[0]["detail"] == "成功运行"
     assert (
-        result.probes[-1]["detail"] == "step 中显存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝"
+        result.probes[-1]["detail"]
+        == "step 中显存或内存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝"
     )
     assert "cuda 上真实的显存不足" in str(result)
 

@@ -45,7 +45,7 @@ ALLOWED: list[tuple[str, str, str]] = [
     ),
     (
         "helpers/capstone.py",
-        '"speed-up": f"{self.speedup',
+        'tr_mark("speed-up"): f"{self.speedup',
         "a column: each row against the baseline row",
     ),
     ("notebooks/06_profiling.ipynb", '"slow-down": f"', "a column: two timings of the same row"),

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.capstone import batch_starts, make_optimizer, regime_for, set_lr
 from helpers.gpt import GPTConfig, make_gpt, text_bytes
+from helpers.i18n import tr
 from helpers.scripts.common import (
     Context,
     exit_now,
@@ -109,6 +110,16 @@ def train(ctx: Context, args, rows: slice, ddp: bool, nudge: bool = False) -> di
     }
 
 
+def alone_line(rate: float) -> str:
+    """The log line of the one-rank reference (chapter 7)."""
+    return tr("one rank alone: {rate:,.0f} tokens/s (median)").format(rate=rate)
+
+
+def ddp_line(world: int, rate: float) -> str:
+    """The log line of the DDP run (chapter 7)."""
+    return tr("DDP on {world} ranks: {rate:,.0f} tokens/s (median)").format(world=world, rate=rate)
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--n-layer", type=int, default=2)
@@ -129,19 +140,26 @@ def main() -> None:
     ctx = setup(args.pg_timeout)
     if args.global_batch % ctx.world_size:
         raise SystemExit(
-            f"--global-batch {args.global_batch} does not split evenly over {ctx.world_size} ranks."
+            tr("--global-batch {batch} does not split evenly over {world} ranks.").format(
+                batch=args.global_batch, world=ctx.world_size
+            )
         )
     if not 0 < args.warmup < args.steps:
-        raise SystemExit(f"--warmup must be between 1 and --steps - 1, got {args.warmup}.")
+        raise SystemExit(
+            tr("--warmup must be between 1 and --steps - 1, got {warmup}.").format(
+                warmup=args.warmup
+            )
+        )
     if not 0 < args.rounds <= args.steps - args.warmup:
         raise SystemExit(
-            f"--rounds must be between 1 and --steps - --warmup = {args.steps - args.warmup}, "
-            f"got {args.rounds}."
+            tr("--rounds must be between 1 and --steps - --warmup = {most}, got {rounds}.").format(
+                most=args.steps - args.warmup, rounds=args.rounds
+            )
         )
     result = {}
     if ctx.is_main:
         result["alone"] = train(ctx, args, slice(None), ddp=False)
-        log(ctx, f"one rank alone: {result['alone']['tokens_per_s']:,.0f} tokens/s (median)")
+        log(ctx, alone_line(result["alone"]["tokens_per_s"]))
         for name, nudge in (("alone_rerun", False), ("alone_nudged", True)):  # the noise floor
             run = train(ctx, args, slice(None), ddp=False, nudge=nudge)
             gap = (run.pop("params") - result["alone"]["params"]).abs().max().item()
@@ -150,10 +168,7 @@ def main() -> None:
     share = args.global_batch // ctx.world_size
     rows = slice(ctx.rank * share, (ctx.rank + 1) * share)
     result["ddp"] = train(ctx, args, rows, ddp=True)
-    log(
-        ctx,
-        f"DDP on {ctx.world_size} ranks: {result['ddp']['tokens_per_s']:,.0f} tokens/s (median)",
-    )
+    log(ctx, ddp_line(ctx.world_size, result["ddp"]["tokens_per_s"]))
     write_result(args.out, ctx, result)
     teardown()
 

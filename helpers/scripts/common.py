@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.i18n import tr
+
 #: Environment variable the launcher uses to pass the backend to every rank.
 BACKEND_ENV = "COURSE_DIST_BACKEND"
 #: The backends the course uses.
@@ -60,9 +62,13 @@ def choose_backend() -> str:
     if not name:
         name = "nccl" if torch.cuda.is_available() else "gloo"
     if name not in BACKENDS:
-        raise SystemExit(f"Unknown backend {name!r} in ${BACKEND_ENV}: use one of {BACKENDS}.")
+        raise SystemExit(
+            tr("Unknown backend {name!r} in ${env}: use one of {backends}.").format(
+                name=name, env=BACKEND_ENV, backends=BACKENDS
+            )
+        )
     if name == "nccl" and not torch.cuda.is_available():
-        raise SystemExit("The nccl backend needs CUDA GPUs, and torch sees none: use gloo.")
+        raise SystemExit(tr("The nccl backend needs CUDA GPUs, and torch sees none: use gloo."))
     return name
 
 
@@ -82,9 +88,11 @@ def setup(timeout_s: float = 60.0) -> Context:
     if missing:
         script = Path(sys.argv[0]).name
         raise SystemExit(
-            f"{script}: {', '.join(missing)} not set. Start it with torchrun, e.g. "
-            f"`torchrun --standalone --nproc-per-node=2 {script} --out /tmp/run`, or from a "
-            f"notebook with helpers.launch.launch('{Path(script).stem}')."
+            tr(
+                "{script}: {missing} not set. Start it with torchrun, e.g. "
+                "`torchrun --standalone --nproc-per-node=2 {script} --out /tmp/run`, or from a "
+                "notebook with helpers.launch.launch('{name}')."
+            ).format(script=script, missing=", ".join(missing), name=Path(script).stem)
         )
     backend = choose_backend()
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -97,8 +105,10 @@ def setup(timeout_s: float = 60.0) -> Context:
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
             raise SystemExit(
-                f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} visible. "
-                f"Start at most one process per GPU."
+                tr(
+                    "LOCAL_RANK {local_rank} has no GPU: only {visible} visible. "
+                    "Start at most one process per GPU."
+                ).format(local_rank=local_rank, visible=torch.cuda.device_count())
             )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -113,12 +123,15 @@ def setup(timeout_s: float = 60.0) -> Context:
     ctx = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
     dist.barrier()
     if ctx.is_main:
-        print(
-            f"{READY_MARKER}: {ctx.world_size} rank(s), backend {backend}, device {device.type}, "
-            f"{torch.get_num_threads()} thread(s) per rank",
-            flush=True,
-        )
+        print(ready_line(ctx.world_size, backend, device.type, torch.get_num_threads()), flush=True)
     return ctx
+
+
+def ready_line(world_size: int, backend: str, device: str, threads: int) -> str:
+    """What rank 0 prints once the group is up: READY_MARKER (kept, the launcher looks for it), then the job (chapter 4)."""
+    return f"{READY_MARKER}: " + tr(
+        "{world_size} rank(s), backend {backend}, device {device}, {threads} thread(s) per rank"
+    ).format(world_size=world_size, backend=backend, device=device, threads=threads)
 
 
 def teardown() -> None:

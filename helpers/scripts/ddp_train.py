@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from helpers.data import make_classification_data
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -83,18 +84,18 @@ def train(ctx: Context, args) -> dict:  # noqa: ANN001 - argparse namespace
             order.append(idx)
         dist.all_reduce(totals)  # the whole job's loss, for one log line
         epoch_losses.append((totals[0] / totals[1]).item())
-        log(ctx, f"epoch {epoch}: mean loss {epoch_losses[-1]:.4f} over {int(totals[1])} samples")
+        log(ctx, epoch_line(epoch, epoch_losses[-1], int(totals[1])))
         seen.append(torch.cat(order))
     checkpoint = Path(args.out) / "checkpoint.pt"
     if ctx.is_main:  # one writer; .module is the plain model, so no "module." key prefixes
         torch.save(model.module.state_dict(), checkpoint)
-        log(ctx, f"saved {checkpoint.name}")
+        log(ctx, tr("saved {name}").format(name=checkpoint.name))
     dist.barrier()  # no rank goes on (or reads it) before it is written
     mine = flat_params(model).to(ctx.device)
     everyone = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(everyone, mine)
     identical = all(torch.equal(t, everyone[0]) for t in everyone)
-    log(ctx, f"parameters identical on all {ctx.world_size} ranks: {identical}")
+    log(ctx, identical_line(ctx.world_size, identical))
     return {
         "indices": seen,
         "epoch_losses": epoch_losses,
@@ -129,12 +130,32 @@ def accumulate(ctx: Context, args) -> dict:  # noqa: ANN001 - argparse namespace
                 (loss / k).backward()  # / k: the mean over micro-batches
         key = "no_sync" if use_no_sync else "every_step"
         out[key] = {"grads": grads(model.module), "allreduce_calls": calls[0]}
-    log(
-        ctx,
-        f"{k} micro-batches: all-reduce calls {out['no_sync']['allreduce_calls']} with no_sync, "
-        f"{out['every_step']['allreduce_calls']} without",
-    )
+    log(ctx, accumulation_line(k, out))
     return out
+
+
+def epoch_line(epoch: int, loss: float, samples: int) -> str:
+    """The log line of one epoch: its mean loss over the whole job (chapter 4)."""
+    return tr("epoch {epoch}: mean loss {loss:.4f} over {samples} samples").format(
+        epoch=epoch, loss=loss, samples=samples
+    )
+
+
+def identical_line(world: int, identical: bool) -> str:
+    """The log line saying whether every rank ended with the same parameters (chapter 4)."""
+    text = (
+        tr("parameters identical on all {world} ranks: True")
+        if identical
+        else tr("parameters identical on all {world} ranks: False")
+    )
+    return text.format(world=world)
+
+
+def accumulation_line(k: int, out: dict) -> str:
+    """The log line comparing all-reduce calls with and without no_sync (chapter 4)."""
+    return tr("{k} micro-batches: all-reduce calls {no_sync} with no_sync, {every} without").format(
+        k=k, no_sync=out["no_sync"]["allreduce_calls"], every=out["every_step"]["allreduce_calls"]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

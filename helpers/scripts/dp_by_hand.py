@@ -57,6 +57,7 @@ from helpers.comm_overlap import (
     plan_buckets,
     sweep_caps,
 )
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -169,7 +170,7 @@ class Bucketed:
 
     def finish(self) -> None:
         if len(self.works) != len(self.buckets):
-            raise RuntimeError("a bucket never filled: a parameter got no gradient this step")
+            raise RuntimeError(tr("a bucket never filled: a parameter got no gradient this step"))
         for i, flat, work in self.works:
             work.wait()
             flat /= dist.get_world_size()
@@ -499,7 +500,12 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
     runs = prepare(ctx, args, start, xy, result)
     if args.nsys:  # what Nsight Systems records; torch.profiler stays off
         write_result(args.out, ctx, result | nsys_steps(ctx, args, runs, xy))
-        log(ctx, f"{args.steps} labelled step(s) of each way inside the capture range")
+        log(
+            ctx,
+            tr("{steps} labelled step(s) of each way inside the capture range").format(
+                steps=args.steps
+            ),
+        )
         return
     for way, per_step in time_blocks(ctx, args, runs, xy).items():
         result["ways"][way] |= {"step times s": per_step, **summary(per_step)}
@@ -522,10 +528,19 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
     result["threads"] = torch.get_num_threads()
     write_result(args.out, ctx, result)
     ddp, best = result["ways"]["ddp"], result["ways"]["bucketed"]
-    log(
-        ctx,
-        f"{ctx.world_size} rank(s): DDP {ddp['step median s'] * 1e3:.2f} ms/step, bucketed by "
-        f"hand {best['step median s'] * 1e3:.2f} ms/step; results in {args.out}",
+    log(ctx, done_line(ctx.world_size, ddp, best, args.out))
+
+
+def done_line(world: int, ddp: dict, best: dict, out: object) -> str:
+    """The last log line: DDP's step time against the buckets by hand, and where the results are (chapter 8)."""
+    return tr(
+        "{world} rank(s): DDP {ddp:.2f} ms/step, bucketed by hand {best:.2f} ms/step; "
+        "results in {out}"
+    ).format(
+        world=world,
+        ddp=ddp["step median s"] * 1e3,
+        best=best["step median s"] * 1e3,
+        out=out,
     )
 
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -89,16 +90,22 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         first = state["step"]
-    log(ctx, f"attempt {attempt}: starting at step {first} of {args.steps}")
+    log(
+        ctx,
+        tr("attempt {attempt}: starting at step {first} of {steps}").format(
+            attempt=attempt, first=first, steps=args.steps
+        ),
+    )
     loss_fn = nn.BCEWithLogitsLoss()
     b = args.per_rank_batch
     for step in range(first, args.steps):
         dies = ctx.rank == args.die_rank and step == args.die_at_step
         if dies and (attempt == 0 or args.die_every_attempt):
             if args.hang:
-                say(ctx, f"step {step}: stops answering (simulated hang)")
+                # the chapter finds this line by its English words: a translation keeps them
+                say(ctx, tr("step {step}: stops answering (simulated hang)").format(step=step))
                 time.sleep(3600)
-            say(ctx, f"step {step}: crashes now (simulated with os._exit(3))")
+            say(ctx, tr("step {step}: crashes now (simulated with os._exit(3))").format(step=step))
             os._exit(3)
         x, y = global_batch(step, ctx.world_size, b)
         rows = slice(ctx.rank * b, (ctx.rank + 1) * b)
@@ -107,13 +114,14 @@ def main() -> None:
         try:
             loss.backward()  # DDP all-reduces here: this is where a lost peer is felt
         except RuntimeError as exc:  # gloo raises; NCCL's watchdog aborts the process instead
-            say(ctx, f"step {step}: all-reduce failed: {str(exc).splitlines()[0][:160]}")
+            why = str(exc).splitlines()[0][:160]
+            say(ctx, tr("step {step}: all-reduce failed: {error}").format(step=step, error=why))
             raise
         opt.step()
         if (step + 1) % args.ckpt_every == 0:
             if ctx.is_main:
                 save_checkpoint(ckpt, model, opt, step + 1)
-                log(ctx, f"step {step + 1}: checkpoint saved")
+                log(ctx, tr("step {step}: checkpoint saved").format(step=step + 1))
             dist.barrier()
     if ctx.is_main:
         write_result(
@@ -121,7 +129,12 @@ def main() -> None:
             ctx,
             {"attempt": attempt, "resumed_from": first, "params": flat_params(model)},
         )
-    log(ctx, f"finished {args.steps} steps (attempt {attempt}, resumed from step {first})")
+    log(
+        ctx,
+        tr("finished {steps} steps (attempt {attempt}, resumed from step {first})").format(
+            steps=args.steps, attempt=attempt, first=first
+        ),
+    )
     teardown()
 
 

@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.comm_overlap import collective, shard_bounds
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -248,9 +249,13 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         for k in ("ddp", "by hand", "fsdp2")
         if k in result and not result[k].get("skipped")
     }
-    log(
-        ctx,
-        "bytes alive per rank after a step: " + ", ".join(f"{k} {v:,}" for k, v in after.items()),
+    log(ctx, alive_line(after))
+
+
+def alive_line(after: dict[str, int]) -> str:
+    """The last log line: bytes alive per rank after a step, per run (chapter 8)."""
+    return tr("bytes alive per rank after a step: {runs}").format(
+        runs=", ".join(f"{k} {v:,}" for k, v in after.items())
     )
 
 

@@ -25,6 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -202,7 +203,7 @@ def communication(ctx: Context, args, start: dict, optimizer: str, hook: str) ->
     row |= {"parameters": sum(p.numel() for p in params), "sent per step": [], "error": None}
     row["computed 8-bit state bytes"] = computed_8bit_bytes(params)
     if opt is None:
-        row["error"] = f"no 8-bit optimizer runs here ({library})"
+        row["error"] = tr("no 8-bit optimizer runs here ({why})").format(why=library)
         return row
     loss_fn = nn.BCEWithLogitsLoss()
     try:
@@ -236,10 +237,10 @@ def fsdp_skip_reason(device: torch.device) -> str | None:
     """Why FSDP2 cannot run on `device` with this torch, or None when it can (chapter 4)."""
     version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
     if device.type == "cpu" and version < FSDP_CPU_SINCE:
-        return (
-            f"FSDP2 on CPU processes needs torch {'.'.join(map(str, FSDP_CPU_SINCE))} or newer; "
-            f"this is torch {torch.__version__} (2.5 raises 'FSDP requires CUDA for streams')"
-        )
+        return tr(
+            "FSDP2 on CPU processes needs torch {since} or newer; "
+            "this is torch {version} (2.5 raises 'FSDP requires CUDA for streams')"
+        ).format(since=".".join(map(str, FSDP_CPU_SINCE)), version=torch.__version__)
     return None
 
 
@@ -264,11 +265,19 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
     result["communication"] = [communication(ctx, args, start, o, h) for o, h in COMM_RUNS]
     write_result(args.out, ctx, result)
     ddp_b = sum(result["ddp"]["held_bytes"].values()) / 2**20
+    fsdp_b = None if skip else sum(result["fsdp"]["held_bytes"].values()) / 2**20
+    log(ctx, held_line(ddp_b, fsdp_b, skip))
+
+
+def held_line(ddp_mib: float, fsdp_mib: float | None, skip: str | None) -> str:
+    """The log line of the bytes each rank held under DDP and FSDP2 (chapter 4)."""
     if skip:
-        log(ctx, f"bytes held per rank: DDP {ddp_b:.2f} MiB; FSDP2 skipped: {skip}")
-    else:
-        fsdp_b = sum(result["fsdp"]["held_bytes"].values()) / 2**20
-        log(ctx, f"bytes held per rank: DDP {ddp_b:.2f} MiB, FSDP2 {fsdp_b:.2f} MiB")
+        return tr("bytes held per rank: DDP {ddp:.2f} MiB; FSDP2 skipped: {why}").format(
+            ddp=ddp_mib, why=skip
+        )
+    return tr("bytes held per rank: DDP {ddp:.2f} MiB, FSDP2 {fsdp:.2f} MiB").format(
+        ddp=ddp_mib, fsdp=fsdp_mib
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

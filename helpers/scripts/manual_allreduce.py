@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.data import make_classification_data
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -111,7 +112,12 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         result["avg_op"] = None
 
     write_result(args.out, ctx, result)
-    log(ctx, f"gradients averaged over {ctx.world_size} ranks; results in {args.out}")
+    log(
+        ctx,
+        tr("gradients averaged over {world} ranks; results in {out}").format(
+            world=ctx.world_size, out=args.out
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ from types import ModuleType
 
 import torch.distributed as dist
 
+from helpers.i18n import tr
 from helpers.scripts.common import JOB_MARKER, exit_now, setup, teardown
 
 #: The word between two jobs on the command line.
@@ -47,14 +48,18 @@ def split_jobs(argv: list[str]) -> list[tuple[str, list[str]]]:
             continue
         if not current:
             raise SystemExit(
-                f"one_launch.py: an empty job (a script name must come first and after each "
-                f"{SEPARATOR}). Usage: {USAGE}"
+                tr(
+                    "one_launch.py: an empty job (a script name must come first and after each "
+                    "{separator}). Usage: {usage}"
+                ).format(separator=SEPARATOR, usage=USAGE)
             )
         name, *options = current
         if name not in JOINABLE:
             raise SystemExit(
-                f"one_launch.py: {name!r} cannot share a launch. Use one of {', '.join(JOINABLE)}, "
-                f"or launch it on its own. Usage: {USAGE}"
+                tr(
+                    "one_launch.py: {name!r} cannot share a launch. Use one of {joinable}, "
+                    "or launch it on its own. Usage: {usage}"
+                ).format(name=name, joinable=", ".join(JOINABLE), usage=USAGE)
             )
         jobs.append((name, options))
         current = []

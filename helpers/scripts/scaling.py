@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -51,7 +52,7 @@ def build(ctx: Context, mode: str, width: int, depth: int, group: Any) -> tuple[
         ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
         return DDP(model, device_ids=ids, process_group=group), 1
     if ctx.world_size != 1 or ctx.device.type != "cuda" or torch.cuda.device_count() < 2:
-        raise SystemExit("--mode dataparallel needs one process (nproc 1) and at least 2 GPUs.")
+        raise SystemExit(tr("--mode dataparallel needs one process (nproc 1) and at least 2 GPUs."))
     return nn.DataParallel(model), torch.cuda.device_count()  # scatters the batch over GPUs
 
 
@@ -105,8 +106,25 @@ def parse_sizes(text: str | None, world_size: int) -> list[int]:
         return [world_size]
     sizes = [int(s) for s in text.split(",")]
     if not sizes or any(not 1 <= k <= world_size for k in sizes):
-        raise SystemExit(f"--sizes {text}: each size must be between 1 and {world_size} ranks.")
+        raise SystemExit(
+            tr("--sizes {text}: each size must be between 1 and {world_size} ranks.").format(
+                text=text, world_size=world_size
+            )
+        )
     return sizes
+
+
+def run_line(mode: str, ranks: int, r: dict[str, Any]) -> str:
+    """The log line of one measured rank count (chapter 4)."""
+    return tr(
+        "{mode}: {ranks} rank(s), global batch {batch}, {ms:.2f} ms/step, {rate:,.0f} samples/s"
+    ).format(
+        mode=mode,
+        ranks=ranks,
+        batch=r["global_batch"],
+        ms=r["step_median_s"] * 1e3,
+        rate=r["samples_per_s"],
+    )
 
 
 def main() -> None:
@@ -128,11 +146,7 @@ def main() -> None:
         if ctx.rank < k:
             runs.append(measure(ctx, args, k, group))
             r = runs[-1]
-            log(
-                ctx,
-                f"{args.mode}: {k} rank(s), global batch {r['global_batch']}, "
-                f"{r['step_median_s'] * 1e3:.2f} ms/step, {r['samples_per_s']:,.0f} samples/s",
-            )
+            log(ctx, run_line(args.mode, k, r))
         dist.barrier()  # the ranks left out wait here until the measured ones are done
     if ctx.is_main:
         write_result(args.out, ctx, {"runs": runs})

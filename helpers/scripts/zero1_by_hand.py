@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.comm_overlap import collective, shard_bounds
+from helpers.i18n import tr
 from helpers.models import make_mlp
 from helpers.scripts.common import (
     Context,
@@ -289,13 +290,23 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
             "meter": z["meter"],
         },
     )
-    log(
-        ctx,
-        f"bytes alive per rank after a step: DDP {d['steps'][-1]['after']:,}, ZeRO-1 "
-        f"{z['steps'][-1]['after']:,}; on the wire per step, a ring (NCCL): DDP "
-        f"{sum(wire['DDP'].values()):,.0f}, ZeRO-1 {sum(wire['ZeRO-1'].values()):,.0f}; as "
-        f"{ctx.backend} runs them: DDP {sum(as_run['DDP'].values()):,.0f}, ZeRO-1 "
-        f"{sum(as_run['ZeRO-1'].values()):,.0f}",
+    log(ctx, bytes_line(d, z, wire, as_run, ctx.backend))
+
+
+def bytes_line(d: dict, z: dict, wire: dict, as_run: dict, backend: str) -> str:
+    """The last log line: bytes alive after a step and on the wire, DDP against ZeRO-1 (chapter 8)."""
+    return tr(
+        "bytes alive per rank after a step: DDP {ddp_after:,}, ZeRO-1 {zero_after:,}; on the "
+        "wire per step, a ring (NCCL): DDP {ddp_ring:,.0f}, ZeRO-1 {zero_ring:,.0f}; as "
+        "{backend} runs them: DDP {ddp_run:,.0f}, ZeRO-1 {zero_run:,.0f}"
+    ).format(
+        ddp_after=d["steps"][-1]["after"],
+        zero_after=z["steps"][-1]["after"],
+        ddp_ring=sum(wire["DDP"].values()),
+        zero_ring=sum(wire["ZeRO-1"].values()),
+        backend=backend,
+        ddp_run=sum(as_run["DDP"].values()),
+        zero_run=sum(as_run["ZeRO-1"].values()),
     )
 
 
