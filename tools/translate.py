@@ -11,9 +11,12 @@ One catalog per notebook, `i18n/zh_CN/<folder>/<notebook>.po` (gettext, as sphin
 Jupyter Book keep them; edit them in Poedit, Weblate or any text editor). Each markdown cell is
 a message, and so is each code comment (a run of comment lines at one indentation is one
 message; its translation may have any number of lines; a comment after code stays one line).
-The context of a message is its cell's id. Code is never translated: a Chinese notebook has the
-English notebook's cells, ids and code, byte for byte, with only the comments and the markdown
-replaced, and its Colab badge pointing at the Chinese copy.
+The context of a message is its cell's id. Each string literal a learner reads (literals():
+printed prose, plot and widget texts; not docstrings nor keys) is a message too, with context
+"string" (one translation per literal per notebook) and the literal's source as its msgid; its
+translation replaces the literal. Code is otherwise never translated: a Chinese notebook has the
+English notebook's cells, ids and syntax tree, with only the comments, the shown strings and
+the markdown replaced, and its Colab badge pointing at the Chinese copy.
 
 Updating works like gettext's msgmerge: a message whose English text is unchanged keeps its
 translation (wherever its cell moved); a changed text gets the old translation marked *fuzzy*
@@ -182,9 +185,270 @@ def comments(source: str) -> list[Comment]:
     return out
 
 
+#: The context of every string-literal message: one translation per literal per notebook, so a
+#: literal that is a dictionary key where it is made and where it is shown reads the same in both.
+STRING_CTX = "string"
+#: A string literal a learner reads: two English words in a row (its {placeholders} left out),
+#: or, with a space in it, two words of three letters or more (not parts of identifiers: a.b, f()).
+SHOWN_WORDS = re.compile(r"[A-Za-z]{2,}[ ]+[A-Za-z]{2,}")
+WORD = re.compile(r"(?<![\w.])[A-Za-z]{3,}(?![\w.(])")
+#: Calls and keyword arguments whose string is shown even when it is one word (plot texts,
+#: widget labels, progress bars).
+SHOWN_CALLS = frozenset(
+    {"set_title", "set_xlabel", "set_ylabel", "suptitle", "title", "xlabel", "ylabel", "print"}
+)
+SHOWN_KEYWORDS = frozenset(
+    {"title", "xlabel", "ylabel", "label", "description", "desc", "caption", "tooltip"}
+)
+#: Calls whose string arguments are keys or patterns matched against other text.
+LOOKUP_CALLS = frozenset(
+    {"get", "pop", "setdefault", "getattr", "hasattr", "environ", "startswith", "endswith"}
+    | {"find", "index", "rindex", "count", "split", "replace", "removeprefix", "removesuffix"}
+    | {"match", "fullmatch", "search", "findall", "sub", "compile", "raises", "warns"}
+)
+MAGIC = re.compile(r"^(\s*)[%!]")
+PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]")
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A string-literal message in a code cell: where it is and its source text."""
+
+    start: int  # offset of its first character in the cell's source
+    end: int  # offset just past its last
+    text: str  # the literal as written, quotes and prefix included (f"...", "...")
+
+
+def _python(source: str) -> str:
+    """The cell with IPython magics and shell lines replaced by `pass`, so `ast` parses it."""
+    return "\n".join(
+        MAGIC.sub(r"\1pass  #", line, count=1) if MAGIC.match(line) else line
+        for line in source.split("\n")
+    )
+
+
+def _is_string(node: ast.AST) -> bool:
+    """A str literal or an f-string (not bytes)."""
+    return isinstance(node, ast.JoinedStr) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str)
+    )
+
+
+def _words(node: ast.AST) -> str:
+    """A string literal's text with each {placeholder} as a space."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else " "
+            for v in node.values
+        )
+    return node.value  # type: ignore[attr-defined,no-any-return]
+
+
+def _outer_strings(tree: ast.AST) -> list[ast.AST]:
+    """The string literals of a tree that are not inside another string literal."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_string(node):
+            out.append(node)
+        else:
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+    return out
+
+
+def _roles(tree: ast.AST) -> tuple[set[int], set[int], list[ast.AST]]:
+    """(docstrings, literals shown even as one word, lookups: subscripts, comparisons, .get keys)."""
+    docs: set[int] = set()
+    shown: set[int] = set()
+    lookups: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and _is_string(body[0].value):
+                docs.add(id(body[0].value))
+        elif isinstance(node, ast.Subscript):
+            lookups.append(node.slice)
+        elif isinstance(node, ast.Compare):
+            lookups += [node.left, *node.comparators]
+        elif isinstance(node, ast.Call):
+            name = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else getattr(node.func, "id", "")
+            )
+            if name in LOOKUP_CALLS:
+                lookups += node.args[:2]
+            if name in SHOWN_CALLS:
+                shown.update(id(a) for a in node.args)
+            shown.update(id(k.value) for k in node.keywords if k.arg in SHOWN_KEYWORDS)
+        elif isinstance(node, ast.IfExp) and _is_string(node.body) and _is_string(node.orelse):
+            shown.update((id(node.body), id(node.orelse)))  # "above" if gap > 0 else "below"
+    return docs, shown, lookups
+
+
+def _tree(source: str) -> tuple[str, ast.AST]:
+    """The cell's code as `ast` reads it, and its syntax tree."""
+    code = _python(source)
+    try:
+        return code, ast.parse(code)
+    except SyntaxError as exc:
+        raise ValueError(f"cannot read the strings of this cell ({exc}):\n{source}") from None
+
+
+def looked_up(sources: list[str]) -> frozenset[str]:
+    """The strings these cells use as keys (subscripts, comparisons, .get): a notebook's literals
+    with one of these values stay English, or a key made in one cell would miss in another."""
+    out = set()
+    for source in sources:
+        lookups = _roles(_tree(source)[1])[2]
+        out.update(_words(s) for n in lookups for s in _outer_strings(n))
+    return frozenset(out)
+
+
+def literals(source: str, keys: frozenset[str] = frozenset()) -> list[Literal]:
+    """The string literals of a code cell a learner reads, in order: not docstrings, not `keys`
+    (looked_up() of the notebook's cells)."""
+    code, tree = _tree(source)
+    docs, shown, lookups = _roles(tree)
+    keys = keys | {_words(s) for n in lookups for s in _outer_strings(n)}
+    starts = [0]
+    for line in code.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    lines = code.split("\n")
+
+    def offset(row: int, col: int) -> int:  # ast's columns count UTF-8 bytes
+        return starts[row - 1] + len(lines[row - 1].encode("utf-8")[:col].decode("utf-8"))
+
+    out = []
+    for node in _outer_strings(tree):
+        text = ast.get_source_segment(code, node) or ""
+        words = _words(node)
+        wanted = reads_as_words(words) or (id(node) in shown and re.search(r"[A-Za-z]{3,}", words))
+        if id(node) in docs or not wanted or words in keys:
+            continue
+        start = offset(node.lineno, node.col_offset)
+        end = offset(node.end_lineno, node.end_col_offset)  # type: ignore[arg-type]
+        out.append(Literal(start, end, text))
+    return sorted(out, key=lambda lit: lit.start)
+
+
+def reads_as_words(text: str) -> bool:
+    """Text a learner reads: two English words in a row, or, with a space, two words of three
+    letters or more (not parts of identifiers); {placeholders} left out."""
+    return bool(SHOWN_WORDS.search(text)) or (" " in text.strip() and len(WORD.findall(text)) >= 2)
+
+
+#: The catalog of the notebooks' keys that helpers show (column names, row labels).
+KEYS_MODULE = "helpers.notebook_keys"
+
+
+def notebook_keys() -> list[str]:
+    """The English notebooks' keys that read as words or are one lower-case word (a column
+    named "threads"): their code keeps them, and a helper translates them where it shows them
+    (format_table puts every column name through tr())."""
+    found: list[str] = []
+    for path in sources():
+        cells = [c.source for c in nbfiles.read(path).cells if c.cell_type == "code"]
+        for key in sorted(looked_up(cells)):
+            wordy = reads_as_words(key) or re.fullmatch(r"[a-z]{4,}", key)
+            if wordy and "\\" not in key and key not in found:
+                found.append(key)
+    return found
+
+
+def translate_strings(
+    source: str, table: dict[tuple[str, str], str], keys: frozenset[str] = frozenset()
+) -> str:
+    """The cell's code with each shown string literal replaced by its translation."""
+    for lit in reversed(literals(source, keys)):
+        source = source[: lit.start] + table[(STRING_CTX, lit.text)] + source[lit.end :]
+    return source
+
+
+class _ShownWords(ast.NodeTransformer):
+    """Blanks the strings inside an f-string's {expression} that are words shown, not keys: the
+    branches of `a if c else b`, the fallback of `x or "none"`, the separator of `", ".join()`."""
+
+    def _blank(self, node: ast.AST) -> ast.AST:
+        return ast.Constant("") if _is_string(node) else self.visit(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        node.test = self.visit(node.test)
+        node.body, node.orelse = self._blank(node.body), self._blank(node.orelse)
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        node.values = [self._blank(v) for v in node.values]
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "join" and _is_string(func.value):
+            func.value = ast.Constant("")
+        return node
+
+
+def _expressions(node: ast.AST) -> list[str]:
+    """The {expressions} of an f-string (with conversion and format spec), as ast dumps; the
+    words they show (_ShownWords) may be translated, everything else must stay."""
+    return sorted(
+        ast.dump(_ShownWords().visit(v))
+        for v in getattr(node, "values", [])
+        if isinstance(v, ast.FormattedValue)
+    )
+
+
+def string_problem(english: str, chinese: str) -> str:
+    """What is wrong with a string literal's translation (not the same kind of literal, a lost
+    {placeholder} or %-specifier), or ''."""
+    try:  # in parentheses: a literal continued on indented lines is one expression
+        en = ast.parse(f"(\n{english.strip()}\n)", mode="eval").body
+        zh = ast.parse(f"(\n{chinese.strip()}\n)", mode="eval").body
+    except SyntaxError as exc:
+        return f"the translation is not a Python string literal ({exc.msg}): keep the quotes and prefix"
+    if not _is_string(zh) or isinstance(en, ast.JoinedStr) != isinstance(zh, ast.JoinedStr):
+        return "the translation must be the same kind of literal (an f-string stays an f-string)"
+    if _expressions(en) != _expressions(zh):
+        return "the {expressions} differ: keep every {...} of the English as it is"
+    if isinstance(en, ast.Constant):
+        try:
+            same = fields(en.value) == fields(zh.value)  # type: ignore[attr-defined]
+        except ValueError:
+            same = True  # braces that are not str.format fields: nothing to keep
+        if not same:
+            return "the str.format fields differ: keep every {...} of the English as it is"
+        if sorted(PERCENT_SPEC.findall(en.value)) != sorted(PERCENT_SPEC.findall(zh.value)):  # type: ignore[attr-defined]
+            return "the %-specifiers differ: keep every %s, %d ... of the English"
+    return ""
+
+
+def code_shape(source: str) -> tuple[str, list[str], list[str]]:
+    """(the cell's syntax tree with every string literal blanked, its literals, its magic lines):
+    two cells with the same shape differ only in their strings and comments."""
+    code = _python(source)
+    tree = ast.parse(code)
+    texts = []
+    for node in _outer_strings(tree):
+        texts.append(ast.get_source_segment(code, node) or "")
+        if isinstance(node, ast.JoinedStr):
+            node.values = []
+        else:
+            node.value = ""  # type: ignore[attr-defined]
+    magics = [line.strip() for line in source.split("\n") if MAGIC.match(line)]
+    return ast.dump(tree), texts, magics
+
+
+def _text(cell: dict) -> str:
+    """A cell's source as one string."""
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
 def messages(nb: dict) -> list[Message]:
     """Every message of a notebook, in cell order."""
     out = []
+    keys = looked_up([_text(c) for c in nb["cells"] if c["cell_type"] == "code"])
     for i, cell in enumerate(nb["cells"]):
         source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
         if cell["cell_type"] == "markdown" and source.strip():
@@ -194,6 +458,8 @@ def messages(nb: dict) -> list[Message]:
                 out.append(
                     Message(cell["id"], c.text, "trailing comment" if c.trailing else "comment", i)
                 )
+            for lit in literals(source, keys):
+                out.append(Message(STRING_CTX, lit.text, "string literal", i))
     return out
 
 
@@ -269,7 +535,8 @@ def update(po: polib.POFile, msgs: list[Message], path: str, known: dict[str, st
         same = exact.get((m.ctx, m.msgid))
         if same is not None and (same.msgstr or m.msgid not in known):
             entry.msgstr, entry.flags = same.msgstr, list(same.flags)
-            entry.previous_msgid = same.previous_msgid
+            # the English a fuzzy translation was made for; once checked, it goes
+            entry.previous_msgid = same.previous_msgid if "fuzzy" in same.flags else None
         elif m.msgid in known:
             entry.msgstr = known[m.msgid]
         else:
@@ -320,11 +587,13 @@ def build(notebook: Path, po: polib.POFile) -> str:
     """The Chinese notebook's exact text, from the English notebook and a complete catalog."""
     nb = nbfiles.read(notebook)
     table = {(e.msgctxt, e.msgid): e.msgstr for e in po if not e.obsolete}
+    keys = looked_up([c.source for c in nb.cells if c.cell_type == "code"])
     for cell in nb.cells:
         if cell.cell_type == "markdown" and cell.source.strip():
             cell.source = _fix_links(actual(table[(cell.id, canonical(cell.source))]), notebook)
         elif cell.cell_type == "code":
             setup = cell.source.startswith(SETUP_MARK)
+            cell.source = translate_strings(cell.source, table, keys)
             cell.source = translate_code(cell.source, table, cell.id)
             if setup:
                 cell.source = cell.source.rstrip("\n") + "\n" + SET_LANGUAGE.rstrip("\n")
@@ -346,6 +615,8 @@ def problems(po: polib.POFile, path: str) -> list[str]:
             )
         elif not e.msgstr.strip():
             out.append(f"{where}: untranslated")
+        elif e.previous_msgid:
+            out.append(f"{where}: a stale `#| msgid` line without the fuzzy flag: remove it")
         elif e.msgctxt is None and placeholder_problem(e):  # a helper's tr("... {x}") message
             out.append(f"{where}: {placeholder_problem(e)}")
         elif e.msgctxt is None and EMPHASIS.search(e.msgstr):
@@ -353,6 +624,8 @@ def problems(po: polib.POFile, path: str) -> list[str]:
                 f"{where}: {EMPHASIS.search(e.msgstr).group(0)!r} prints its asterisks as they are "
                 "(a runtime message is plain text): drop them or use quotation marks"
             )
+        elif e.comment == "string literal" and string_problem(e.msgid, e.msgstr):
+            out.append(f"{where}: {string_problem(e.msgid, e.msgstr)}")
         elif e.comment == "trailing comment" and "\n" in e.msgstr:
             out.append(f"{where}: a comment after code must stay on one line")
         elif e.comment == "markdown":
@@ -428,7 +701,10 @@ def update_helper_catalog(module: str, msgids: list[str], known: dict[str, str])
             "Project-Id-Version": f"pytorch-gpu-course {module}",
         }
     msgs = [Message(None, msgid, "", None) for msgid in msgids]  # type: ignore[arg-type]
-    return update(old, msgs, module.replace(".", "/") + ".py", known)
+    where = (
+        "notebooks/*.ipynb (keys)" if module == KEYS_MODULE else module.replace(".", "/") + ".py"
+    )
+    return update(old, msgs, where, known)
 
 
 def fields(text: str) -> list[str]:
@@ -474,7 +750,7 @@ def compiled(catalogs: list[polib.POFile]) -> bytes:
 def run_helpers(check: bool, stats: bool, prefix: str = "helpers") -> list[str]:
     """Update or check the helpers' catalogs (the modules under `prefix`) and the compiled .mo; what is wrong."""
     bad: list[str] = []
-    all_modules = helper_messages()
+    all_modules = {**helper_messages(), KEYS_MODULE: notebook_keys()}
     messages_by_module = {
         m: ids for m, ids in all_modules.items() if m == prefix or m.startswith(prefix + ".")
     }
