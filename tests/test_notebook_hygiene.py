@@ -86,18 +86,20 @@ def test_setup_cell_is_the_template_one(path: Path) -> None:
     assert cells and cells[0] == setup_cell(), (
         f"{path.name}: the first code cell must be the template's setup cell"
     )
-    assert f'COURSE_REPO = "{REPO_URL}"\nCOURSE_BRANCH = "{BRANCH}"' in setup_cell(), (
+    assert f'COURSE_REPO = "{REPO_URL}"\nCOURSE_MIRROR = "' in setup_cell(), (
+        "the setup cell's URL must be pyproject's [tool.course]"
+    )
+    assert f'\nCOURSE_BRANCH = "{BRANCH}"\n' in setup_cell(), (
         "the setup cell's URL and branch must be pyproject's [tool.course]"
     )
 
 
-def test_setup_cell_installs_only_in_colab_and_only_the_course() -> None:
+def test_setup_cell_installs_only_where_the_course_is_missing_and_only_the_course() -> None:
     cell = setup_cell()
-    assert '"google.colab" in sys.modules' in cell
+    guard = 'if "google.colab" in sys.modules or importlib.util.find_spec("helpers") is None:'
+    assert guard in cell, "install in Colab, or where the course package is not installed"
     pip_lines = [line for line in cell.splitlines() if "%pip" in line]
-    assert len(pip_lines) == 1 and pip_lines[0].startswith("    "), (
-        "install only inside the Colab guard"
-    )
+    assert len(pip_lines) == 1 and pip_lines[0].startswith("    "), "install only inside that guard"
     for pkg in ("torch", "numpy", "matplotlib", "ipywidgets"):
         assert pkg not in pip_lines[0], f"never reinstall {pkg} in Colab (it forces a restart)"
     assert "%matplotlib inline" in cell and "ipympl" not in cell and "widget" not in cell

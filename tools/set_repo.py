@@ -1,17 +1,23 @@
 """Point the course at a repository and branch: every Colab badge, setup cell and link.
 
     make set-repo REPO=https://github.com/ORG/NAME BRANCH=main
+    make set-repo MIRROR=https://gitee.com/ORG/NAME       # a copy reachable where GitHub is not
     python tools/set_repo.py https://github.com/ORG/NAME --branch fall-2027
+    python tools/set_repo.py --mirror ""                  # no mirror
     python tools/set_repo.py --check     # exit 1, with the list, if a reference disagrees
     python tools/set_repo.py --list      # every reference, where it is
 
-The one source is `[tool.course]` in pyproject.toml (`repository`, `branch`). From it come:
+The one source is `[tool.course]` in pyproject.toml (`repository`, `branch`, and an optional
+`mirror`: the same repository on another git host, e.g. Gitee, for learners who cannot reach
+GitHub). From it come:
 
 - each notebook's Colab badge: `https://colab.research.google.com/github/ORG/NAME/blob/BRANCH/`
   followed by the notebook's own path (every *.ipynb of the repository: notebooks/, solutions/,
   exercises/, templates/ and any folder added later, a translation's zh/ tree included);
-- each notebook's setup cell: `COURSE_REPO = "https://github.com/ORG/NAME"` and
-  `COURSE_BRANCH = "BRANCH"`, which Colab installs as `git+COURSE_REPO@COURSE_BRANCH`;
+- each notebook's setup cell: `COURSE_REPO = "https://github.com/ORG/NAME"`, `COURSE_MIRROR`
+  and `COURSE_BRANCH = "BRANCH"`: where the course is not installed (Colab, any hosted
+  JupyterLab), the cell installs `git+COURSE_MIRROR@COURSE_BRANCH`, or `COURSE_REPO` without a
+  mirror;
 - the README's badges, `pip install "git+https://github.com/ORG/NAME@BRANCH"` lines (slurm/),
   GitHub links to the course's repository (`.../blob/BRANCH/...` ones get the branch too);
 - pyproject.toml's `[project.urls] Repository`.
@@ -61,6 +67,9 @@ COLAB = re.compile(
 )
 SETUP_REPO = re.compile(r'^(COURSE_REPO = ")([^"]*)(")$', re.M)
 SETUP_BRANCH = re.compile(r'^(COURSE_BRANCH = ")([^"]*)(")$', re.M)
+SETUP_MIRROR = re.compile(r'^(COURSE_MIRROR = ")([^"]*)(")', re.M)  # a comment may follow
+#: A mirror: an https URL of a git repository on any host ('' for none).
+MIRROR_URL = re.compile(r"https://[A-Za-z0-9.-]+(:\d+)?(/[A-Za-z0-9_.~-]+)+/?")
 PIP = re.compile(
     r"git\+https://github\.com/([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?"
     r"(?:@([A-Za-z0-9._/-]+))?(?=[\s\"'#)]|$)"
@@ -79,10 +88,11 @@ class RepoError(ValueError):
 
 @dataclass
 class Source:
-    """The course's repository ('ORG/NAME' on GitHub) and branch."""
+    """The course's repository ('ORG/NAME' on GitHub), branch and mirror (a URL, or '')."""
 
     repo: str
     branch: str
+    mirror: str = ""
 
     @property
     def url(self) -> str:
@@ -118,6 +128,17 @@ def parse_repo(url: str) -> str:
     return match[1]
 
 
+def check_mirror(url: str) -> str:
+    """'' or an https URL of a git repository on any host (Gitee, GitCode, a GitLab), else a RepoError."""
+    url = url.strip()
+    if url and not MIRROR_URL.fullmatch(url):
+        raise RepoError(
+            f"{url!r} is not a mirror URL pip can install from: give it as "
+            'https://HOST/ORG/NAME (e.g. https://gitee.com/ORG/NAME), or "" for no mirror.'
+        )
+    return url.rstrip("/")
+
+
 def check_branch(branch: str) -> str:
     """A branch name git and a URL path both accept, else a RepoError."""
     if not BRANCH_NAME.fullmatch(branch or ""):
@@ -138,7 +159,11 @@ def read_source(root: Path = ROOT) -> Source:
             'pyproject.toml has no [tool.course] table with repository = "..." and '
             'branch = "..." (the one source of the course\'s repository and branch).'
         )
-    return Source(parse_repo(values["repository"]), check_branch(values["branch"]))
+    return Source(
+        parse_repo(values["repository"]),
+        check_branch(values["branch"]),
+        check_mirror(values.get("mirror", "")),
+    )
 
 
 def scanned_files(root: Path = ROOT) -> Iterator[Path]:
@@ -183,6 +208,8 @@ def find_in_text(text: str, file: str, root: Path, own: str | None = None) -> li
             found.append(Reference(file, n, "setup cell COURSE_REPO", _repo_or_raw(m[2])))
         for m in SETUP_BRANCH.finditer(line):
             found.append(Reference(file, n, "setup cell COURSE_BRANCH", "", m[2]))
+        for m in SETUP_MIRROR.finditer(line):
+            found.append(Reference(file, n, "setup cell COURSE_MIRROR", m[2]))
         for m in PIP.finditer(line):
             found.append(Reference(file, n, "pip install URL", m[1], m[2] or ""))
         for m in PROJECT_URL.finditer(line) if file.endswith("pyproject.toml") else ():
@@ -230,6 +257,9 @@ def problems(root: Path = ROOT) -> list[str]:
         if r.kind == "setup cell COURSE_BRANCH":
             if r.branch != source.branch:
                 wrong.append(f"{where}: COURSE_BRANCH is {r.branch!r}, not {source.branch!r}")
+        elif r.kind == "setup cell COURSE_MIRROR":
+            if r.repo != source.mirror:
+                wrong.append(f"{where}: COURSE_MIRROR is {r.repo!r}, not {source.mirror!r}")
         elif r.repo not in course:
             continue  # a link to another project (pytorch, nbval, ...)
         elif r.repo != source.repo:
@@ -245,7 +275,11 @@ def problems(root: Path = ROOT) -> list[str]:
             r.kind == "Colab link" and r.path == rel and r.file == f"{rel} cell 0" for r in mine
         ):
             wrong.append(f"{rel}: its first cell has no Colab badge that opens the notebook itself")
-        for kind in ("setup cell COURSE_REPO", "setup cell COURSE_BRANCH"):
+        for kind in (
+            "setup cell COURSE_REPO",
+            "setup cell COURSE_MIRROR",
+            "setup cell COURSE_BRANCH",
+        ):
             if not any(r.kind == kind for r in mine):
                 wrong.append(f'{rel}: the setup cell has no {kind.split()[-1]} = "..." line')
     return wrong
@@ -275,6 +309,7 @@ def rewrite_text(text: str, source: Source, root: Path, own: str | None, course:
     text = PIP.sub(pip, text)
     text = GITHUB.sub(github, text)
     text = SETUP_REPO.sub(lambda m: f"{m[1]}{source.url}{m[3]}", text)
+    text = SETUP_MIRROR.sub(lambda m: f"{m[1]}{source.mirror}{m[3]}", text)
     return SETUP_BRANCH.sub(lambda m: f"{m[1]}{source.branch}{m[3]}", text)
 
 
@@ -294,6 +329,10 @@ def set_source(root: Path, source: Source) -> bool:
         r'^(repository\s*=\s*")[^"]*(")', rf"\g<1>{source.url}\g<2>", table[1], flags=re.M
     )
     body = re.sub(r'^(branch\s*=\s*")[^"]*(")', rf"\g<1>{source.branch}\g<2>", body, flags=re.M)
+    if re.search(r"^mirror\s*=", body, re.M):
+        body = re.sub(r'^(mirror\s*=\s*")[^"]*(")', rf"\g<1>{source.mirror}\g<2>", body, flags=re.M)
+    else:
+        body = re.sub(r"^(branch\s*=.*\n)", rf'\g<1>mirror = "{source.mirror}"\n', body, flags=re.M)
     after = text[: table.start(1)] + body + text[table.end(1) :]
     after = PROJECT_URL.sub(lambda m: f"{m[1]}{source.url}{m[3]}", after)
     if after == text:
@@ -337,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("repo", nargs="?", help="https://github.com/ORG/NAME of the fork")
     p.add_argument("--branch", help="the branch Colab and pip use (default: keep the current)")
+    p.add_argument(
+        "--mirror",
+        help="a copy of the repository on another git host (Gitee...), which the setup cell "
+        'installs from where GitHub is out of reach; "" for none (default: keep the current)',
+    )
     p.add_argument("--check", action="store_true", help="only check that every reference agrees")
     p.add_argument("--list", action="store_true", help="print every reference")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
@@ -347,15 +391,20 @@ def main(argv: list[str] | None = None) -> int:
             for r in references(root):
                 print(r)
             return 0
-        if args.repo or args.branch:
+        if args.repo or args.branch or args.mirror is not None:
             current = read_source(root)
             repo = parse_repo(args.repo) if args.repo else current.repo
-            source = Source(repo, check_branch(args.branch) if args.branch else current.branch)
+            source = Source(
+                repo,
+                check_branch(args.branch) if args.branch else current.branch,
+                check_mirror(args.mirror) if args.mirror is not None else current.mirror,
+            )
             changed = rewrite(root, source)
-            print(f"the course now installs from {source.url}@{source.branch}; changed:")
+            mirror = f" (where it is out of reach: {source.mirror})" if source.mirror else ""
+            print(f"the course now installs from {source.url}@{source.branch}{mirror}; changed:")
             print("\n".join(f"  {c}" for c in changed) or "  nothing: it did already")
         elif not args.check:
-            p.error("give the fork's URL (and --branch), or --check, or --list")
+            p.error("give the fork's URL (and --branch, --mirror), or --check, or --list")
         wrong = problems(root)
     except RepoError as exc:
         print(f"set_repo: {exc}", file=sys.stderr)
