@@ -365,6 +365,9 @@ def test_plots_use_an_installed_cjk_font(monkeypatch: pytest.MonkeyPatch) -> Non
         ("| 表头 |\n|---|\n| 中文 |", False),
         ("```\n代码\n代码\n```", False),
         ("第一句话，\n\n第二段。", False),
+        ("强调的*词*\n后面的话", True),  # emphasis at the break
+        ("第一句话，\n`code` 在后", True),  # a space after full-width punctuation
+        ("- 列表项、\n  [链接](x.md)", True),
     ],
 )
 def test_a_hard_line_break_inside_a_chinese_paragraph_is_found(markdown: str, broken: bool) -> None:

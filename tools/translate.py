@@ -71,8 +71,12 @@ EMPHASIS = re.compile(
     r"(?<![A-Za-z0-9_*])\*{1,2}[^\s*][^*]*?[\u4e00-\u9fff][^*]*?\*{1,2}(?![A-Za-z0-9_*])"
 )
 #: Chinese characters and full-width punctuation, at a line's end or start (hard_breaks).
-CJK_END = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]$")
-CJK_START = re.compile(r"\s*[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+#: Emphasis, code and quotation marks around the character at a line's end or start.
+_MARKS = r"[*_`\"\u201c\u201d\u2018\u2019\u300c\u300d]*"
+CJK_END = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]" + _MARKS + "$")
+CJK_START = re.compile(r"\s*" + _MARKS + r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+#: Full-width punctuation at a line's end: a break after it shows as a space before anything.
+PUNCT_END = re.compile(r"[\u3001\u3002\uff01\uff09\uff0c\uff1a\uff1b\uff1f]" + _MARKS + "$")
 #: A markdown line that is not paragraph text: blank, list item, heading, quote, table, fence,
 #: HTML, display math, indented code.
 STRUCTURAL = re.compile(r"\s*$|\s*([-*+#>]\s|\d+\.\s|```|\$\$|<|\|)| {4}")
@@ -654,7 +658,7 @@ def hard_breaks(markdown: str) -> list[str]:
         fence ^= a.lstrip().startswith("```")
         if fence or STRUCTURAL.match(b) or NOT_TEXT.match(a) or a.endswith("  "):
             continue
-        if CJK_END.search(a) and CJK_START.match(b):
+        if (CJK_END.search(a) and CJK_START.match(b)) or PUNCT_END.search(a):
             found.append(
                 f"a line break inside a Chinese paragraph ({a[-8:]!r} / {b.lstrip()[:8]!r}) "
                 "shows as a stray space: join the two lines"
