@@ -122,7 +122,7 @@ def compare_rows(
     if not beyond:  # the row ahead first, so the ratio reads as in a conclusive verdict
         ahead, behind, lead = (na, nb, ratio) if ratio >= 1 else (nb, na, 1 / ratio)
         text = tr(
-            "{ahead} vs {behind}: too close to call ({lead:.2f}x, spreads add up to {noise:.0%})"
+            "{ahead} vs {behind}: too close to call (the first ahead by {lead:.2f}x; spreads add up to {noise:.0%})"
         ).format(ahead=ahead, behind=behind, lead=lead, noise=noise)
     else:
         winner, loser, times = (na, nb, ratio) if ratio > 1 else (nb, na, 1 / ratio)

@@ -160,7 +160,7 @@ def test_each_verdict_states_the_tables_ratio() -> None:
 
 def test_verdicts_within_the_spread_or_on_a_busy_machine_do_not_conclude() -> None:
     close = fake_table([100.0, 98.0, 97.0, 96.0, 10.0], [8.0, 8.0, 8.0, 8.0, 1.0])
-    assert "too close to call (1.02x" in close.verdicts()[0]
+    assert "ahead by 1.02x; spreads add up to" in close.verdicts()[0]
     shared = MachineState("cuda:0", 6, 6, 16, 2.0, GpuTenants(2, 2**30))
     busy = fake_table([377.4, 272.5, 212.3, 200.0, 16.59], [1.0] * 5, [shared] * 5)
     assert all(v.startswith("inconclusive, GPU shared") for v in busy.verdicts())

@@ -92,7 +92,9 @@ def assert_ratio_is_the_tables(text: str, rows: list[dict], key: str, column: st
     va, vb = (row_named(rows, key, n)[column] for n in (a, b))
     won = re.search(r"here, (.+?) was (\d+\.\d+)x \w+ than (.+?)$", text, re.M)
     close = re.search(
-        r"(?:^|measured: )(.+?) vs (.+?): too close to call \((\d+\.\d+)x", text, re.M
+        r"(?:^|measured: )(.+?) vs (.+?): too close to call \(the first ahead by (\d+\.\d+)x",
+        text,
+        re.M,
     )
     assert won or close, f"no verdict in {text!r}"
     if won:

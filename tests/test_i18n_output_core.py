@@ -469,7 +469,7 @@ def test_compare_rows_reads_each_ratio_one_way_in_chinese(chinese) -> None:  # n
     own = verdict("a", "b", better="leaner")
     assert own == "在这台机器上，按「leaner」来比，a 是 b 的 2.00 倍"
     close = verdict("a", "c")
-    assert close.startswith("a 对比 c：难分高下（前者领先，比值 1.02，两者的波动合计 ")
+    assert close.startswith("a 对比 c：难分高下（前者领先，比值 1.02；两者的波动合计 ")
     busy = verdict("a", "b", machine=SHARED)
     assert busy.startswith("无从判断：这块 GPU 与其他 2 个计算进程共用")
     assert busy.endswith("测得：在这台机器上，a 的速度是 b 的 2.00 倍")
@@ -501,7 +501,7 @@ def test_english_comes_back_unchanged() -> None:
     assert str(shorter) == "here, a was 2.00x shorter than b"
     busy = compare_rows(ROWS, "run", "a", "c", "ms", iqr="IQR", machine=SHARED)
     assert busy.startswith("inconclusive, GPU shared with 2 other compute process(es)")
-    assert "too close to call (1.02x, spreads add up to " in busy
+    assert "too close to call (the first ahead by 1.02x; spreads add up to " in busy
     info = describe_device("cpu")
     assert str(info).splitlines()[0] == "device" + " " * (len(info.memory_label) - 4) + "cpu"
     assert format_table([]) == "(no rows)" and not CJK.search(str(info))

@@ -87,7 +87,7 @@ def test_text_cells_are_refused_with_a_hint() -> None:
 def test_within_the_spreads_it_is_too_close_to_call() -> None:
     rows = table({"a": 100.0, "b": 104.0}, iqr=0.03)
     verdict = compare_rows(rows, "loss.item() every", "a", "b", "ms/epoch", iqr="spread (IQR, ms)")
-    assert "too close to call (1.04x, spreads add up to 6%)" in verdict
+    assert "a vs b: too close to call (the first ahead by 1.04x; spreads add up to 6%)" in verdict
     assert not verdict.conclusive
 
 
