@@ -146,7 +146,41 @@ def _merge_hint(got: State, a: State, b: State) -> str:
             "otherwise underflow that row's whole sum to 0)."
         ).format(value=got[0][empty].flatten()[0].item())
     parts = [n for n, g, w in zip(("m", "l", "acc"), got, want) if not torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9)]  # fmt: skip
+    sixteen = _sixteen_bit_factors(got, a, b)
+    if sixteen:
+        return sixteen
+    if parts == ["acc"] and got[0].dim() > 1:  # right for 1-D rows, wrong for (2, 3): the broadcast
+        rows = tuple(got[0].shape)
+        return tr(
+            "with rows shaped {rows}, m and l are right but acc is not: each factor exp(m_x - m) "
+            "is shaped {rows}, like m, and acc {acc}, one more (head) dimension. Broadcast the "
+            "factors over acc's last dimension, factor[..., None] (shaped {col}), so that one "
+            "factor scales a whole row; factor.unsqueeze(1) is the same only for 1-D rows and "
+            "here pairs the factors with the wrong rows."
+        ).format(rows=rows, acc=tuple(got[2].shape), col=(*rows, 1))
     return tr("{parts} differ from the merged state: m = max(m_a, m_b); l and acc are the sum of each state's, each times exp(its m - m).").format(parts=", ".join(parts))  # fmt: skip
+
+
+def _sixteen_bit_factors(got: State, a: State, b: State) -> str:
+    """The hint for l and acc off by what a 16-bit rounding of the factors costs, or "" (chapter 8).
+
+    m exact, l and acc finite and off by more than 2^-16 of their size (float32 rounding of
+    float64 inputs costs far less) but at most 2^-8 (float16 keeps 11 bits, bfloat16 8): the
+    factors exp(m_x - m) computed in 16 bits, "they are at most 1 anyway".
+    """
+    want = _merge(*(tuple(t.double() for t in s) for s in (a, b)))
+    if not torch.equal(got[0].double(), want[0]) or not all(torch.isfinite(t).all() for t in got[1:]):  # fmt: skip
+        return ""
+    gaps = [((g.double() - w).abs().max().item(), w.abs().max().item()) for g, w in zip(got[1:], want[1:])]  # fmt: skip
+    if not all(gap <= 2**-8 * size for gap, size in gaps) or not any(gap > 2**-16 * size for gap, size in gaps):  # fmt: skip
+        return ""
+    return tr(
+        "l and acc are off by up to {rel:.2g} of their size: more than {dtype} rounding "
+        "explains, yet about what a rounding to 16 bits costs (float16 keeps 11 bits, bfloat16 "
+        "8). Compute the factors exp(m_a - m) and exp(m_b - m) in the inputs' dtype, with no "
+        ".half() or .bfloat16(): that they are at most 1 does not make their rounding smaller, "
+        "and every tile merged later carries it."
+    ).format(rel=max(gap / size for gap, size in gaps if size), dtype=str(a[1].dtype).removeprefix("torch."))  # fmt: skip
 
 
 def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -929,11 +963,14 @@ Launch = list[tuple[tuple[int, ...], np.ndarray, bool]]
 def _triton_stores() -> Iterator[list[Launch]]:
     """Every address each program of each Triton launch stores to, under the interpreter (chapter 8).
 
-    One list per launch of (program id, addresses, atomic or not): tl.store (and
-    tl.atomic_xchg, a store too) through the interpreter's store, tl.atomic_add and the other
-    read-modify-writes through its atomic ones. The interpreter runs the programs one after
-    another, so two programs that load, add and store the same place lose nothing here, but
-    on a GPU they run at once: the addresses say what the values cannot.
+    One list per launch of (program id, addresses, atomic or not): tl.store through the
+    interpreter's store, tl.atomic_add and the other read-modify-writes through its atomic
+    ones. tl.atomic_xchg goes through the atomic ones too but counts as a plain store: it
+    only swaps in the value the program computed, so a load followed by an atomic_xchg of the
+    updated value loses the other programs' updates exactly as load + tl.store does. The
+    interpreter runs the programs one after another, so two programs that load, add and store
+    the same place lose nothing here, but on a GPU they run at once: the addresses say what
+    the values cannot.
     """
     launches: list[Launch] = []
     if triton_interpreter is None:
@@ -953,8 +990,12 @@ def _triton_stores() -> Iterator[list[Launch]]:
         record(self, ptrs, mask, False)
         return store(self, ptrs, value, mask, *rest, **kw)
 
+    # An exchange is a store, not an accumulation (the enum's name, XCHG, in every version).
+    # What the CPU cannot check: Triton 3.9's interpreter refuses a float32 tl.atomic_xchg
+    # ("Unsupported data type", the GPU compiler accepts it), so such a kernel fails here on
+    # the interpreter's error before this record counts; integer data reaches it.
     def atomic_rmw(self, op, ptr, val, mask, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
-        record(self, ptr, mask, True)
+        record(self, ptr, mask, "XCHG" not in str(getattr(op, "name", op)).upper())
         return rmw(self, op, ptr, val, mask, *rest, **kw)
 
     def atomic_cas(self, ptr, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -1041,8 +1082,8 @@ def _expect_triton_wrote(name: str, launches: list[Launch], got: tuple[torch.Ten
                 name,
                 tr(
                     "{n} elements of {part} were written by more than one program of the same "
-                    "launch, at least once with a plain tl.store (load, add, store): on a GPU "
-                    "those programs run at the same time and one overwrites the others' sums. "
+                    "launch, at least once with a plain tl.store or a tl.atomic_xchg (load, add, store): on a "
+                    "GPU those programs run at the same time and one overwrites the others' sums. "
                     "Triton's interpreter on this CPU runs the programs one after another, so the "
                     "values came out right here; the check found the race in the addresses your "
                     "kernel stores to. Give each element one program that writes it (a dQ kernel "
@@ -1057,7 +1098,7 @@ def _expect_triton_wrote(name: str, launches: list[Launch], got: tuple[torch.Ten
             tr(
                 "{n} elements of a buffer you do not return (a scratch buffer?) were written by "
                 "more than one program of the same launch, at least once with a plain tl.store "
-                "(load, add, store): on a GPU those programs run at the same time and one "
+                "or a tl.atomic_xchg (load, add, store): on a GPU those programs run at the same time and one "
                 "overwrites the others' sums, so whatever you compute or copy from that buffer "
                 "afterwards is wrong. Triton's interpreter on this CPU runs the programs one after "
                 "another, so the values came out right here; the check found the race in the "
@@ -1113,6 +1154,83 @@ _GRADIENT_FORMULAS = {
 }
 
 
+#: Mistakes a float64 model of the backward reproduces, by what it changes (_gradient_model).
+_BACKWARD_MISTAKES = {
+    "exp2": tr_mark(
+        "it is what P = 2^(s - lse) gives instead of e^(s - lse): tl.exp2(x) is 2 to the x, "
+        "and the scores and the lse you are given are in base e. Use tl.exp(s - lse), or stay in "
+        "base 2 with tl.exp2((s - lse) * log2(e)), log2(e) = 1.4426950408889634, the lse "
+        "included in the product."
+    ),
+    "exp2, lse in base e": tr_mark(
+        "it is what P = 2^(s * log2(e) - lse) gives: you moved the scores to base 2 (times "
+        "log2(e)) for tl.exp2 but not the lse, which is a natural log. Multiply the whole "
+        "difference: tl.exp2((s - lse) * log2(e)), or use tl.exp(s - lse)."
+    ),
+    "diagonal tile": tr_mark(
+        "it is what a causal backward gives that leaves out every pair of a query and a key in "
+        "the same tile of {block} (i // {block} == j // {block}): the diagonal tiles. In the dQ "
+        "kernel the causal loop over key tiles must include the query tile's own (diagonal) "
+        "tile, end = min((tile + 1) * BLOCK, T), not tile * BLOCK; the mask j > i hides the "
+        "later keys inside it."
+    ),
+    "diagonal tile, dk": tr_mark(
+        "it is what a causal backward gives that leaves out every pair of a query and a key in "
+        "the same tile of {block} (i // {block} == j // {block}): the diagonal tiles. In the dK "
+        "and dV kernel the causal loop over query tiles must start at the key tile's own "
+        "(diagonal) tile, start = tile * BLOCK, not after it; the mask j > i hides the earlier "
+        "queries inside it."
+    ),
+}
+
+
+def _gradient_model(inputs: tuple[torch.Tensor, ...], causal: bool, part: str, mistake: str, block: int = 0) -> torch.Tensor:  # fmt: skip
+    """dq, dk or dv in float64 with one of _BACKWARD_MISTAKES made (chapter 8).
+
+    P is rebuilt from the right lse and D = rowsum(dO * O) from the right output, as the
+    learner's kernels are given them; only the kernels' own step goes wrong: P in base 2, or
+    the pairs (query i, key j) of the tiles on the diagonal (i // block == j // block) left out.
+    """
+    q, k, v, dout = (x.detach().cpu().double() for x in inputs)
+    t, scale = q.size(-2), q.size(-1) ** -0.5
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    hidden = (j > i) if causal else torch.zeros(t, t, dtype=torch.bool)
+    s = (q @ k.transpose(-2, -1) * scale).masked_fill(hidden, -math.inf)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = torch.exp(s - lse)
+    delta = (dout * (p @ v)).sum(-1, keepdim=True)
+    if mistake == "exp2":
+        p = torch.exp2(s - lse)
+    elif mistake == "exp2, lse in base e":
+        p = torch.exp2(s / math.log(2) - lse)
+    elif mistake.startswith("diagonal tile"):
+        p = p.masked_fill(i // block == j // block, 0.0)
+    ds = p * (dout @ v.transpose(-2, -1) - delta)
+    return {
+        "dq": lambda: ds @ k * scale,
+        "dk": lambda: ds.transpose(-2, -1) @ q * scale,
+        "dv": lambda: p.transpose(-2, -1) @ dout,
+    }[part]()
+
+
+def _backward_mistake(part: str, mine: torch.Tensor, inputs: tuple[torch.Tensor, ...], causal: bool, within: float) -> str:  # fmt: skip
+    """The hint of the _BACKWARD_MISTAKES whose model `mine` matches within `within`, or "" (chapter 8).
+
+    The diagonal tiles' size is not known: every power of two from 8 below the sequence
+    length is tried (the one that matches is named).
+    """
+    t = inputs[0].size(-2)
+    tried = [("exp2", 0), ("exp2, lse in base e", 0)]
+    if causal:
+        diagonal = "diagonal tile" if part == "dq" else "diagonal tile, dk"
+        tried += [(diagonal, 2**n) for n in range(3, 12) if 2**n < t]
+    for mistake, block in tried:
+        model = _gradient_model(inputs, causal, part, mistake, block)
+        if (mine - model).abs().max().item() <= within:
+            return tr(_BACKWARD_MISTAKES[mistake]).format(block=block)
+    return ""
+
+
 def _scale_hint(part: str, c: float, head_dim: int) -> str:
     """The hint for a gradient that is sqrt(head_dim) or 1 / sqrt(head_dim) times the right one, or "" (chapter 8)."""
     root = math.sqrt(head_dim)
@@ -1142,6 +1260,9 @@ def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tupl
     scale = _scale_hint(part, c, inputs[0].size(-1)) if (mine - c * exact).abs().max().item() <= within else ""  # fmt: skip
     if scale:
         return head + " " + scale
+    mistake = _backward_mistake(part, mine, inputs, causal, within)
+    if mistake:
+        return head + " " + mistake
     if (mine - c * exact).abs().max().item() <= within:
         return (
             head
