@@ -28,6 +28,7 @@ from helpers import dp_by_hand as dbh
 from helpers.launch import launch, one_launch_args, read_results, script_source
 from helpers.machine_state import machine_state
 from helpers.scripts import one_launch
+from helpers.scripts import zero1_by_hand as zbh
 from helpers.scripts.common import READY_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -564,7 +565,15 @@ def check_zero1(ranks: list[dict], world: int) -> None:
         as_run = {k: sum(v.values()) for k, v in res["wire bytes per step as the backend runs them"].items()}  # fmt: skip
         assert sent["ZeRO-1"] == sent["ZeRO-1, naive"], sent
         for way, n in sent.items():
-            assert n >= as_run[way] and (n > sent["DDP"] or way == "DDP" or world == 1), (way, sent)
+            assert n >= as_run[way], (way, sent)
+        assert sent["ZeRO-1"] > sent["DDP"] or world == 1, sent
+        # the ring by hand: a ring's bytes, DDP's within gloo's headers (at most 512 B a message)
+        ring = zbh.RING
+        assert abs(sent[ring] - sent["DDP"]) <= 2 * 512 * (world - 1), sent
+        if sent["DDP"]:  # at 1 rank nothing may be written
+            assert res["ring by hand written / DDP written"] == pytest.approx(sent[ring] / sent["DDP"])  # fmt: skip
+        if world <= 2:
+            assert max(res["ring max param diff per step"]) == 0.0
         # measured (live tensor storages on CPU), not counted: to the byte, between steps; the
         # meter's breakdown of the peak adds up to it
         for run, m in res["memory"].items():

@@ -56,6 +56,9 @@ from helpers.sharding import (
     zero_formulas,
 )
 
+#: The extra run on gloo: ZeRO-1 with ring_reduce_scatter in place of gloo's emulated one.
+RING = "ZeRO-1, ring by hand"
+
 
 def flat_views(params: list[nn.Parameter], padded: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two flat padded vectors, the parameters and their gradients made views of them (chapter 8)."""
@@ -72,13 +75,31 @@ def flat_views(params: list[nn.Parameter], padded: int) -> tuple[torch.Tensor, t
     return flat_param, flat_grad
 
 
+def ring_reduce_scatter(flat: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+    """This rank's piece of the sum of every rank's `flat`, by a ring of sends (chapter 8).
+
+    W - 1 steps: each rank sends one partial sum to the next rank, receives one from the
+    previous, and adds its own piece of that chunk. Each rank sends (W - 1)/W of `flat`.
+    """
+    pieces = flat.view(world, -1)  # rank r ends with the sum of every rank's pieces[r]
+    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
+    acc = pieces[(rank - 1) % world].clone()  # sent first: W - 1 hops bring it to rank - 1
+    for step in range(world - 1):
+        got = torch.empty_like(acc)
+        for req in (dist.isend(acc, send_to), dist.irecv(got, recv_from)):
+            req.wait()
+        acc = got.add_(pieces[(rank - step - 2) % world])  # one more rank's share of this chunk
+    return acc
+
+
 class Zero1Adam:
     """Reduce-scatter the flat gradient, Adam on this rank's piece, all-gather the parameters in place (chapter 8)."""
 
     def __init__(
         self, params: list[nn.Parameter], lr: float, reduce: str = "reduce_scatter"
     ) -> None:
-        self.params, self.reduce = list(params), reduce  # reduce="all_reduce": the naive first try
+        # reduce="all_reduce": the naive first try; "ring": ring_reduce_scatter, by hand
+        self.params, self.reduce = list(params), reduce
         self.world, rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
         self.start, self.stop, self.size = shard_bounds(self.numel, self.world, rank)
@@ -100,13 +121,18 @@ class Zero1Adam:
             collective("reduce_scatter_single")(mine, self.flat_grad)  # only this rank's piece
             self.shard.grad.copy_(mine)
             free_now(mine)  # at once: gloo's worker thread may hold it a moment longer
+        elif self.reduce == "ring":
+            mine = ring_reduce_scatter(self.flat_grad, self.world, dist.get_rank())
+            self.shard.grad.copy_(mine)
+            free_now(mine)
         else:
             dist.all_reduce(self.flat_grad)  # every rank receives every piece, and keeps one
         self.shard.grad.div_(self.world)
         self.opt.step()  # Adam's moments exist for this piece only
         # in place: this rank's piece already sits in its slot of the output
         collective("all_gather_single")(self.flat_param, self.shard)
-        self.handed = {self.reduce: full, "all_gather": full}
+        self.handed = {"reduce_scatter" if self.reduce == "ring" else self.reduce: full}
+        self.handed["all_gather"] = full
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> dict[str, int]:
@@ -236,6 +262,10 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         run_zero1(ctx, args, sizes, "all_reduce"),
     )
     d = run_ddp(ctx, args, sizes, z["grads"])
+    # on gloo, whose reduce-scatter is an all-reduce: the ring by hand, to count its bytes
+    ring = run_zero1(ctx, args, sizes, "ring") if ctx.backend == "gloo" else None
+    runs = {"DDP": d, "ZeRO-1": z, "ZeRO-1, naive": naive}
+    runs.update({RING: ring} if ring else {})
     zero1, w = z["zero1"], ctx.world_size
     numel, ddp_counters = zero1.numel, state_bytes(d["opt"])["step counters"]
     formulas = zero_formulas(numel, w, param=4, grad=4, state=8)  # fp32 Adam: 8 bytes of moments
@@ -244,14 +274,13 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         "ZeRO-1": zero1.handed,
         "ZeRO-1, naive": naive["zero1"].handed,
     }
+    handed.update({RING: ring["zero1"].handed} if ring else {})
     wire = {k: {op: wire_bytes(op, n, w) for op, n in ops.items()} for k, ops in handed.items()}
-    as_run = {
-        k: {op: wire_bytes(op, n, w, ctx.backend) for op, n in ops.items()}
+    as_run = {  # the ring by hand is a ring on any backend
+        k: {op: wire_bytes(op, n, w, "nccl" if k == RING else ctx.backend) for op, n in ops.items()}
         for k, ops in handed.items()
     }
-    sent = {
-        k: r["steps"][-1]["sent"] for k, r in (("DDP", d), ("ZeRO-1", z), ("ZeRO-1, naive", naive))
-    }
+    sent = {k: r["steps"][-1]["sent"] for k, r in runs.items()}
     write_result(
         args.out,
         ctx,
@@ -266,6 +295,11 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
             "naive max param diff per step": [
                 (a - b).abs().max().item() for a, b in zip(naive["params"], z["params"])
             ],
+            "ring max param diff per step": [
+                (a - b).abs().max().item() for a, b in zip(ring["params"], z["params"])
+            ]
+            if ring
+            else None,
             "max grad diff per step": d["grad diffs"],
             "losses": [s["loss"] for s in z["steps"]],
             "full Adam bytes": state_bytes(d["opt"]),
@@ -275,6 +309,7 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
             "backend": ctx.backend,
             "wire bytes per step as the backend runs them": as_run,
             "bytes written per step": sent,
+            "ring by hand written / DDP written": ring_ratio(sent),
             "formulas": formulas,
             "memory": {
                 "DDP": memory(d["steps"], formulas["DDP"], ddp_counters),
@@ -290,7 +325,23 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
             "meter": z["meter"],
         },
     )
-    log(ctx, bytes_line(d, z, wire, as_run, ctx.backend))
+    log(ctx, bytes_line(d, z, wire, as_run, ctx.backend) + ring_line(sent))
+
+
+def ring_ratio(sent: dict) -> float | None:
+    """Bytes the ring by hand wrote per step over DDP's, where both were counted (chapter 8)."""
+    ring, ddp = sent.get(RING), sent["DDP"]
+    return None if ring is None or not ddp else ring / ddp
+
+
+def ring_line(sent: dict) -> str:
+    """The bytes line's end: the ring by hand's bytes written next to DDP's, where counted (chapter 8)."""
+    if ring_ratio(sent) is None:
+        return ""
+    return tr(
+        "; written to the sockets per step: ZeRO-1 with the ring by hand {ring:,} B, "
+        "DDP {ddp:,} B ({ratio:.3f} times DDP's)"
+    ).format(ring=sent[RING], ddp=sent["DDP"], ratio=ring_ratio(sent))
 
 
 def bytes_line(d: dict, z: dict, wire: dict, as_run: dict, backend: str) -> str:
