@@ -90,6 +90,7 @@ def test_chinese_exercises_print_chinese_unsolved_and_wrong(
         ("RuntimeError: Tensor on device meta is not on the expected device cpu!", False),
         ("fp32 1.23 ms", False),  # numbers, units and a dtype are not English prose
         ("UserWarning: this overload of add_ is deprecated", False),
+        ("findfont: Font family ['cmr10'] not found. Falling back to DejaVu Sans.", False),
     ],
 )
 def test_what_counts_as_an_english_line(line: str, counts: bool) -> None:

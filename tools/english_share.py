@@ -29,6 +29,7 @@ ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[\s,;:()-]+[A-Za-z][a-z']+){2,}\b
 FOREIGN_ERROR = re.compile(
     r"\b[A-Z]\w*(Error|Exception|Warning)\b|Traceback \(most recent call last\)"
     r"|^\s*(\[rank\d+\]:)?\s*File \""
+    r"|^findfont: |^Matplotlib is building the font cache"  # matplotlib's own log lines
 )
 #: Not words: URLs, command-line options, paths and identifiers (a.b, a_b, f()).
 NOT_WORDS = re.compile(r"\S+://\S+|(?<!\w)--?[\w-]+(=\S*)?|\S*[/\\]\S*|\w+([._]\w+)+(\(\))?")
