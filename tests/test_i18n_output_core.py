@@ -16,6 +16,7 @@ import warnings
 import matplotlib.pyplot as plt
 import pytest
 import torch
+from english_share import ENGLISH_RUN  # the measure of an English line
 
 import helpers.matmul as mm
 from helpers import sweeps
@@ -44,8 +45,6 @@ from helpers.validate import DeviceError, first_line
 from helpers.verdicts import compare_rows
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-#: Three English words in a row: a sentence left in English.
-ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[\s,;:()-]+[A-Za-z][a-z']+){2,}\b")
 QUIET = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(0), others_cores=0.0, window_s=1.0)
 SHARED = MachineState("cuda:0", 6, 6, 16, 9.0, GpuTenants(2, 2**30), 4.0, 1.0)
 

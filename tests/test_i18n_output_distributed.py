@@ -47,9 +47,8 @@ from helpers.scripts import scaling as scaling_script
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import translate  # noqa: E402
+from english_share import ENGLISH_RUN  # the measure of an English line
 
-#: tools/english_share.py's measure of an English line, and Chinese characters.
-ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[\s,;:()-]+[A-Za-z][a-z']+){2,}\b")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 #: The modules this file covers (helpers.scripts: every torchrun script).
 MODULES = (

@@ -15,6 +15,7 @@ import pytest
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+from english_share import ENGLISH_RUN  # the measure of an English line
 
 from helpers.i18n import set_language  # noqa: E402
 from helpers.plots import plot_sweep, wrap_title  # noqa: E402
@@ -23,7 +24,6 @@ from helpers.tables import screen_width  # noqa: E402
 from helpers.widgets import interactive_plot  # noqa: E402
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[\s,;:()-]+[A-Za-z][a-z']+){2,}\b")
 TITLE = (
     "bf16 的速度是 fp32 的 1.33 倍（难分高下：差距在种子间波动之内），显存不足时用梯度累积，"
     "吞吐量只有 1/2；张量核心（tensor core）上的归约散播无从判断。"

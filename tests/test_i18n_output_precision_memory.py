@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from english_share import ENGLISH_RUN  # the measure of an English line
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -47,8 +48,6 @@ from helpers.timing import BenchResult  # noqa: E402
 from helpers.validate import DeviceError  # noqa: E402
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
-#: Three English words in a row: a sentence the catalog did not translate.
-ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[\s,;:()-]+[A-Za-z][a-z']+){2,}\b")
 MiB = 2**20
 QUIET = MachineState("cuda:0", 6, 6, 16, 1.0, GpuTenants(0), others_cores=0.0, window_s=1.0)
 BUSY = MachineState("cuda:0", 6, 6, 16, 9.0, GpuTenants(2, 2**30), 4.0, 1.0)
