@@ -99,8 +99,8 @@ def glossary_rows() -> list[tuple[str, str, list[str], str]]:
 
 #: Ratios that read two ways in Chinese (「快 1.33 倍」: 1.33x or 2.33x?) and 「少 N 倍」.
 AMBIGUOUS_RATIO = re.compile(
-    r"[快慢]了?\s*(约\s*)?(\d[\d.]*|\{[^{}]*\})\s*(x|×|倍)"
-    r"|(少|削减|减少|降低|缩小)了?\s*(约\s*)?(\d[\d.]*|\{[^{}]*\})\s*(x|×|倍)"
+    r"([快慢]|提速|加速|提升|少|削减|减少|降低|缩小)了?\s*(约\s*)?"
+    r"(\d[\d.]*|\{[^{}]*\}|[一二两三四五六七八九十百千]+)\s*(x|×|倍)"
 )
 
 
