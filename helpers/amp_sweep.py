@@ -26,6 +26,7 @@ from helpers.machine_state import MachineState, merge_states
 from helpers.matmul import check_tf32, matmul_flops, tf32_available, tf32_matmuls
 from helpers.memory import track_peak
 from helpers.models import make_mlp, wide_mlp_sizes
+from helpers.profiler_markers import without_profiler_markers
 from helpers.sweeps import SweepResult, run_sweep
 from helpers.tables import format_table
 from helpers.timing import benchmark
@@ -71,7 +72,10 @@ def step_peak_bytes(fn: Callable[[], object], device: str | torch.device) -> flo
     if device.type != "cpu":
         fn()
         return math.nan
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with (
+        without_profiler_markers(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         fn()
     # The memory events themselves: the public events() list folds them into the ops.
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -416,7 +420,7 @@ class LossGap(Printed):
         side = SIDE_WORDS[0] if self.low < self.reference else SIDE_WORDS[1]
         head = tr(
             "{name} {what} {low:.4g} against fp32's {reference:.4g} (same seed): "
-            "{side} by {gap:.2g}, {share:.1%} of fp32's; "
+            "{side} by {gap:.2g}, {share:.2g}% of fp32's; "
             "fp32 over seeds {seeds}: {lowest:.4g} to {highest:.4g}, a spread of {spread:.2g}"
         ).format(
             name=self.name,
@@ -425,7 +429,7 @@ class LossGap(Printed):
             reference=self.reference,
             side=tr(side),
             gap=self.gap,
-            share=self.gap / abs(self.reference),
+            share=100 * self.gap / abs(self.reference),  # 2 digits: 0.015%, not 0.0%
             seeds=", ".join(str(k) for k in self.fp32),
             lowest=min(self.fp32.values()),
             highest=max(self.fp32.values()),
@@ -439,7 +443,7 @@ class LossGap(Printed):
             )
         elif self.within:
             tail = tr(
-                "within what a new seed changes ({ratio:.2f}x the spread): "
+                "within what a new seed changes ({ratio:.2g}x the spread): "
                 "the same result, as far as training can tell"
             ).format(ratio=self.gap / self.seed_spread)
         else:

@@ -34,6 +34,7 @@ from helpers.machine_state import MachineState
 from helpers.matmul import tf32_available, tf32_matmuls
 from helpers.memory import track_peak
 from helpers.peaks import peak_row
+from helpers.profiler_markers import without_profiler_markers
 from helpers.same_math import NoiseFloor, SameMath, check_not_run, noise_floor, same_math
 from helpers.timing import benchmark
 from helpers.units import MiB
@@ -84,6 +85,22 @@ COST_WORDS = (tr_mark("checkpointing"),)
 KEPT = tr_mark("kept: {gain:.2f}x faster than without it {at} (noise ±{noise:.0%})")
 
 
+#: The words of a configuration's label that the learner's language has its own word for:
+#: the baseline and the one lever named by an English word. The other levers show their code
+#: names (sdpa, fused_adamw, amp, ...), as the learner types them; the code keeps the English.
+_SHOWN_WORDS = {"baseline": tr_mark("baseline"), "resident": tr_mark("resident")}
+
+
+def shown_label(label: str) -> str:
+    """A configuration's label ('baseline', 'resident + sdpa') as tables, verdicts and plots show it: 'baseline' and 'resident' in the learner's language, the other lever names as in code (chapter 7)."""
+    return " + ".join(tr(_SHOWN_WORDS.get(part, part)) for part in label.split(" + "))
+
+
+def versus(a: str, b: str) -> str:
+    """'a vs b' in the learner's language, both labels as shown_label shows them: a same-math check's name (chapter 7)."""
+    return tr("{a} vs {b}").format(a=shown_label(a), b=shown_label(b))
+
+
 def check_lever(name: str) -> str:
     """`name` if it is a lever, else a ValueError listing the levers (chapter 7)."""
     if name not in LEVER_TITLES:
@@ -128,6 +145,10 @@ class Levers:
     def label(self) -> str:
         """'baseline', or the levers that are on joined by ' + ' (chapter 7)."""
         return " + ".join(self.on()) or "baseline"
+
+    def shown(self) -> str:
+        """label() as the learner reads it, in tables and verdicts (shown_label) (chapter 7)."""
+        return shown_label(self.label())
 
 
 def capstone_sizes(device: str | torch.device, recipe: bool = False) -> tuple[GPTConfig, int]:
@@ -448,7 +469,7 @@ class LeverRow:
     def timing_row(self) -> dict[str, Any]:
         """The row's numbers for helpers.verdicts.compare_rows: step seconds and IQR, at least SPREAD_FLOOR (chapter 7)."""
         return {
-            "levers": self.label,
+            "levers": shown_label(self.label),  # the name a verdict prints
             "step_s": self.step_s,
             "iqr_s": max(self.spread, SPREAD_FLOOR) * self.step_s,
         }
@@ -456,7 +477,7 @@ class LeverRow:
     def as_row(self) -> dict[str, Any]:
         """The row for print_table, numbers rounded for reading (chapter 7)."""
         return {
-            tr_mark("levers"): self.label,
+            tr_mark("levers"): shown_label(self.label),
             tr_mark("step ms"): f"{1e3 * self.step_s:.2f} ±{100 * self.spread:.0f}%",
             "tokens/s": f"{self.tokens_per_s:,.0f}",
             tr_mark("saved MiB"): f"{self.saved_mib:.1f}",
@@ -555,8 +576,8 @@ def timing_gain(row: LeverRow, best: LeverRow) -> tuple[float, float, str]:
     verdict = compare_rows(
         [row.timing_row(), best.timing_row()],
         "levers",
-        row.label,
-        best.label,
+        shown_label(row.label),
+        shown_label(best.label),
         "step_s",
         iqr="iqr_s",
         machine=machines,
@@ -608,7 +629,7 @@ def removal_verdict(
         kept_by = (
             tr("kept by {origin}").format(origin=origin)
             if origin
-            else tr("on in {levers}").format(levers=final.label)
+            else tr("on in {levers}").format(levers=shown_label(final.label))
         )
         text = tr(
             "{name} stays ({kept_by}): not shown to help {at} now ({ratio:.2f}x, noise ±{noise:.0%})"
@@ -619,7 +640,9 @@ def removal_verdict(
     else:
         remove = False
         text = tr("{name} stays: {ratio:.2f}x faster than without it {at} (noise ±{noise:.0%})")
-    text = text.format(name=name, kept_by=kept_by, at=at, gain=gain, ratio=1 / gain, noise=noise)
+    text = text.format(
+        name=shown_label(name), kept_by=kept_by, at=at, gain=gain, ratio=1 / gain, noise=noise
+    )
     return remove, text + busy_note(busy)
 
 
@@ -725,12 +748,13 @@ class LeverSearch:
         """Measure the best levers so far plus `name`; keep it beyond the noise; None if it cannot run (chapter 7)."""
         ok, why = lever_available(name, self.device)
         if not ok:
-            print(tr("{name}: skipped here: {why}.").format(name=name, why=why))
+            print(tr("{name}: skipped here: {why}.").format(name=shown_label(name), why=why))
             return None
         levers = self.current.plus(name)
         row, error = self._measure(levers, self.best)
         if row is None:
-            print(tr("{name}: dropped, it failed here: {error}").format(name=name, error=error))
+            failed = tr("{name}: dropped, it failed here: {error}")
+            print(failed.format(name=shown_label(name), error=error))
             return None
         keep, row.kept = keep_verdict(row, self.best)
         self.rows.append(row)
@@ -740,7 +764,7 @@ class LeverSearch:
             self.origins[name] = tr("the greedy pass")
             self._keep_trainer(levers, self._last_trainer, parent)
         now = tr("{name}: {verdict}; now {speedup:.2f}x the baseline")
-        print(now.format(name=name, verdict=row.kept, speedup=self.best.speedup))
+        print(now.format(name=shown_label(name), verdict=row.kept, speedup=self.best.speedup))
         return row
 
     def side_row(self, levers: Levers, parent: LeverRow) -> tuple[LeverRow | None, str]:
@@ -780,11 +804,8 @@ class LeverSearch:
         final, base = self.final_row, self.baseline
         machines = [m for m in (final.machine, base.machine) if m is not None]
         rows = [final.timing_row(), base.timing_row()]
-        return str(
-            compare_rows(
-                rows, "levers", final.label, base.label, "step_s", iqr="iqr_s", machine=machines
-            )
-        )
+        a, b = shown_label(final.label), shown_label(base.label)
+        return str(compare_rows(rows, "levers", a, b, "step_s", iqr="iqr_s", machine=machines))
 
     def row_for(self, levers: Levers) -> LeverRow | None:
         """The latest row measured with exactly `levers`, greedy or ablation, or None (chapter 7)."""
@@ -807,7 +828,7 @@ class LeverSearch:
             for nudge in (False, True):
                 trainer.restart(nudge=nudge)
                 runs.append(trainer.losses(steps))
-            self.floors[levers] = noise_floor(row.label, row.first_losses, *runs)
+            self.floors[levers] = noise_floor(shown_label(row.label), row.first_losses, *runs)
         return self.floors[levers]
 
     def change_of(self, row: LeverRow) -> str:
@@ -829,7 +850,7 @@ class LeverSearch:
                     levers=row.parent.label()
                 )
             )
-        label = f"{row.label} vs {parent.label}"
+        label = versus(row.label, parent.label)
         floor = None if change else self.floor(row.parent)
         return same_math(label, row.first_losses, parent.first_losses, floor, change)
 
@@ -841,7 +862,7 @@ class LeverSearch:
             return
         change = run_or_reason(lambda: self.change_of(row))[0]  # None: not even that is known
         parent = row.parent.label() if row.parent is not None else tr("its parent")
-        label = f"{row.label} vs {parent}"
+        label = versus(row.label, parent)
         if change:
             note = tr("{change}; not compared: {error}").format(change=change, error=error)
             row.check = SameMath(label, [], None, note)
@@ -880,7 +901,7 @@ class LeverSearch:
                 row, error = self._measure(levers, final)
                 if row is None:
                     failed = tr("{levers}: failed here: {error}")
-                    print("  " + failed.format(levers=levers.label(), error=error))
+                    print("  " + failed.format(levers=levers.shown(), error=error))
                     continue
                 self.ablation.append(row)
                 self._check(row)
@@ -898,7 +919,7 @@ class LeverSearch:
                 return True
             print(
                 tr("ablation pass {number}: {levers} beats the final, {best_gain:.2f}x").format(
-                    number=number, levers=best_row.label, best_gain=best_gain
+                    number=number, levers=shown_label(best_row.label), best_gain=best_gain
                 )
             )
             switched = changed_lever(best_row.levers, self.current)
@@ -934,7 +955,8 @@ class LeverSearch:
             cells = row.as_row()
             change = "" if row.parent is None else changed_lever(row.levers, row.parent)
             sign = "+" if change and getattr(row.levers, change) else "-"
-            cells = {tr_mark("change"): f"{sign} {change}" if change else tr("(final)"), **cells}
+            shown = f"{sign} {shown_label(change)}" if change else tr("(final)")
+            cells = {tr_mark("change"): shown, **cells}
             out.append(cells)
         return out
 
@@ -947,7 +969,8 @@ def plot_levers(rows: list[LeverRow], title: str = "") -> Figure:
     """Tokens/s of each measured configuration as horizontal bars, kept levers highlighted (chapter 7)."""
     fig = Figure(figsize=(8, 0.45 * len(rows) + 1.2))
     ax = fig.subplots()
-    labels = [r.label if len(r.label) < 48 else r.label[:45] + "..." for r in rows]
+    names = [shown_label(r.label) for r in rows]
+    labels = [n if len(n) < 48 else n[:45] + "..." for n in names]
     colors = ["tab:green" if is_kept(r.kept) else "tab:gray" for r in rows]
     ax.barh(labels[::-1], [r.tokens_per_s for r in rows][::-1], color=colors[::-1])
     for i, r in enumerate(rows[::-1]):
@@ -966,7 +989,7 @@ def same_losses(a: list[float], b: list[float], *, rtol: float, atol: float) -> 
 
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The kernel scaled_dot_product_attention ran for these inputs, read off the profiler (chapter 7)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with without_profiler_markers(), profile(activities=[ProfilerActivity.CPU]) as prof:
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
     names = [
         e.key

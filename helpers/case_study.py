@@ -43,6 +43,12 @@ VARIANTS: list[tuple[str, dict[str, bool]]] = [(tr_mark("slow loop, as written")
     ("+ " + FIX_NAMES[key], dict.fromkeys(list(FIX_NAMES)[: i + 1], True))
     for i, key in enumerate(FIX_NAMES)
 ]
+#: The phases train() labels with record_function, and the columns chapter 6 prints their
+#: times under: the profile keeps the English labels, a table shows them translated.
+PHASES = (
+    tr_mark("data"), tr_mark("forward"), tr_mark("backward"), tr_mark("optimizer"), tr_mark("logging"),
+)  # fmt: skip
+_PHASE_COLUMNS = (tr_mark("phase"), tr_mark("share"))
 #: run_fixes' two variants, for the catalog.
 _WIDGET_VARIANTS = (tr_mark("slow loop"), tr_mark("chosen fixes"))
 #: The case-study table's column headers, for the catalog (format_table prints them translated).
@@ -55,6 +61,11 @@ _COLUMNS = (
 #: the printed table translates them.
 _SAME_WORDS = (tr_mark("yes"), tr_mark("NO"))
 _DIFFERENT_MATH = tr_mark("different math (batch {batch}, {steps} steps)")
+
+
+def fix_title(key: str) -> str:
+    """The fix `key` of FIX_NAMES as the learner reads it, e.g. a checkbox's label; the key stays English (chapter 6)."""
+    return tr(FIX_NAMES[key])
 
 
 def _shown_name(name: str) -> str:

@@ -53,6 +53,11 @@ def finfo_rows() -> list[dict[str, Any]]:
     ]
 
 
+#: What fp16_fate returns. Code compares the English words; a table shows them translated
+#: (print_table puts every string cell through tr()), so they are marked for the catalog.
+FP16_FATES = (tr_mark("zero"), tr_mark("subnormal"), tr_mark("normal"), "inf")
+
+
 def fp16_fate(value: float) -> str:
     """What casting `value` to fp16 does: 'zero', 'subnormal', 'normal' or 'inf' (chapter 3)."""
     x = torch.tensor(float(value), dtype=torch.float32).to(torch.float16).float().abs().item()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gettext
 import importlib
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -60,6 +61,12 @@ def _catalog() -> gettext.NullTranslations:
 def tr(message: str) -> str:
     """`message` in the current language: the English itself, or its translation (chapter 1)."""
     return _catalog().gettext(message) if message else message  # gettext("") is the header
+
+
+def tight_cjk(text: str) -> str:
+    """`text` without the spaces a template put between two Chinese words (a Chinese row name
+    filled in where an English one needs them: 「最终循环 的速度」 -> 「最终循环的速度」) (chapter 1)."""
+    return re.sub(r"(?<=[\u4e00-\u9fff）」])[ ]+(?=[\u4e00-\u9fff（「])", "", text)
 
 
 def tr_mark(message: str) -> str:

@@ -332,11 +332,18 @@ class SameButFor(Printed):
 
 #: same_but_for's default names of what it compares and of the removed effect, for the catalog.
 DEFAULT_WHAT, DEFAULT_EFFECT = tr_mark("losses"), tr_mark("the known effect")
+#: The one-word name chapter 2 gives (what="parameters"): a translated notebook keeps one-word
+#: strings English, so it is translated here.
+SHOWN_NAMES = (tr_mark("parameters"),)
 
 
 def _name(name: str) -> str:
-    """A name given to same_but_for, translated where it is one of the defaults (chapter 2)."""
-    return tr(name) if name in (DEFAULT_WHAT, DEFAULT_EFFECT) else name
+    """A name given to same_but_for, in the learner's language where the catalogs have it (chapter 2).
+
+    A name that is already in the learner's language (a translated notebook's string) or has
+    no catalog entry prints as it was given.
+    """
+    return tr(name) if name else name
 
 
 def same_but_for(

@@ -62,6 +62,8 @@ def try_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StepOutcome:
         del exc
         free_cached_memory()
         name = getattr(fn, "__name__", tr("the step"))
+        if getattr(fn, "__module__", None) == "torch":  # torch.empty, not a bare "empty"
+            name = f"torch.{name}"
         head = tr("Out of memory in {name}: {summary}").format(name=name, summary=summary)
         return StepOutcome(
             False,
@@ -93,13 +95,18 @@ class MaxBatchResult(Printed):
             head += "  " + tr("[{method}, {n} probes]").format(
                 method=self.method, n=len(self.probes)
             )
-        # the columns keep their names (batch, fits, detail); a probe's yes / no is translated
+        # the probes keep English words (batch, fits, detail, yes / no); the printed table
+        # translates the column names, and here a probe's yes / no
         shown = [{**p, "fits": tr(p["fits"])} if "fits" in p else p for p in self.probes]
         return f"{head}\n{format_table(shown)}"
 
 
 #: The words of a probe's "fits" column, for the catalog (translated where the table is printed).
 _FITS_WORDS = (tr_mark("yes"), tr_mark("no"))
+#: The probe table's one-word column that no other catalog names (format_table translates it).
+_DETAIL = tr_mark("detail")
+#: How max_batch_under_budget's result names its method (the argument stays 'meter' / 'estimate').
+_METHODS = {"meter": tr_mark("by the meter"), "estimate": tr_mark("by the estimate")}
 
 
 def _ask(fits: Callable[[int], bool | tuple[bool, str]], batch: int, probes: list[dict]) -> bool:
@@ -217,7 +224,9 @@ def max_batch_under_budget(
     return find_max_batch(
         fits,
         limit=limit,
-        method=tr("budget {budget}, {method}").format(budget=format_bytes(budget), method=method),
+        method=tr("budget {budget}, {method}").format(
+            budget=format_bytes(budget), method=tr(_METHODS[method])
+        ),
     )
 
 

@@ -123,7 +123,8 @@ class MfuResult(Printed):
 
     def __str__(self) -> str:
         text = tr(
-            "{gflop:.3g} GFLOP per step in {time} = {rate:.4g} GFLOP/s, MFU {mfu:.1%} of {peak}"
+            "{gflop:.3g} GFLOP per step in {time} = {rate:.4g} GFLOP/s, MFU {mfu:.1%} of the "
+            "peak, {peak}"
         ).format(
             gflop=self.flops / 1e9,
             time=format_seconds(self.seconds),
@@ -193,7 +194,8 @@ def achievable_peak(
                 "MFU has no achievable reference here."
             ).format(device=device, why=search.stopped)
         )
-    source = tr("best {dtype} matmul measured here, (m, k, n) = {shape}").format(
-        dtype=search.dtype, shape=best["m, k, n"]
+    m, k, n = best["m, k, n"]  # written out, so that a Peak in brackets has no brackets inside
+    source = tr("best {dtype} matmul measured here, m={m}, k={k}, n={n}").format(
+        dtype=search.dtype, m=m, k=k, n=n
     )
     return Peak(best["GFLOP/s"] * 1e9, source, measured=True)

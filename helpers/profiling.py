@@ -18,6 +18,7 @@ from helpers.devices import resolve_device, synchronize
 from helpers.i18n import tr, tr_mark
 from helpers.loops import time_once
 from helpers.machine_state import MachineState
+from helpers.profiler_markers import without_profiler_markers
 
 #: The verdicts diagnose() gives: Diagnosis.verdict keeps them as they are, str() translates them.
 INPUT, LAUNCH, SYNC, COMPUTE = (
@@ -26,6 +27,14 @@ INPUT, LAUNCH, SYNC, COMPUTE = (
     tr_mark("sync-bound"),
     tr_mark("compute-bound"),
 )
+
+#: One-word column names chapter 6 prints its diagnoses and compile timings under: format_table
+#: looks every column name up in the catalogs, and a one-word literal in a notebook is no message
+#: of its own, so they are marked here.
+TABLE_WORDS = (
+    tr_mark("run"), tr_mark("verdict"), tr_mark("input"), tr_mark("sync"), tr_mark("compute"),
+    tr_mark("function"),
+)  # fmt: skip
 
 #: Blocking host syncs in a profile: the op behind .item()/bool()/float(), device-wide waits.
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaDeviceSynchronize", "hipDeviceSynchronize")
@@ -74,11 +83,14 @@ def profile_steps(
             )
     device = resolve_device(device)
     total = wait + warmup + active
-    with profile(
-        activities=profiler_activities(device),
-        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-        acc_events=True,  # one cycle, the same events; no warning that a cycle clears them
-    ) as prof:
+    with (
+        without_profiler_markers(),
+        profile(
+            activities=profiler_activities(device),
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            acc_events=True,  # one cycle, the same events; no warning that a cycle clears them
+        ) as prof,
+    ):
         for i in range(total):
             step()
             if i == total - 1:  # let queued device work finish inside the recorded window
@@ -361,7 +373,7 @@ def time_first_call(
 
 def count_top_level_ops(fn: Callable[..., object], *args: object) -> int:
     """How many aten ops one call of fn dispatches from Python, read off a CPU profile (chapter 6)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with without_profiler_markers(), profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
     return sum(map(_top_level_op, prof.events()))
 

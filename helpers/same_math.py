@@ -39,12 +39,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.i18n import tr
+from helpers.i18n import tr, tr_mark
+from helpers.tables import screen_width
 from helpers.units import Printed
 
 #: How many times its noise floor a lever's loss gap may reach and still count as the same
 #: math: 2^6, half-way (in powers of two) between fp32's unit roundoff and TF32's (2^13 apart).
 SAME_MATH_FACTOR = 64.0
+#: The row names of a check's per-step table (translated where it is printed).
+_ROW_NAMES = (tr_mark("step"), tr_mark("gap"), tr_mark("tolerance"))
 
 
 def loss_ulp(loss: float) -> float:
@@ -168,6 +171,10 @@ class SameMath(Printed):
                 "{label}: {note}; largest gap over {n} steps {largest:.1e} (not checked)"
             ).format(label=self.label, note=self.note, n=n, largest=largest)
         step, ratio = self.worst
+        if self.passed and largest == 0:  # "closest at 0x the tolerance" would say nothing
+            return tr("{label}: bit-identical over {n} steps (every gap is 0)").format(
+                label=self.label, n=n
+            )
         if self.passed:
             return tr(
                 "{label}: same math over {n} steps (largest gap {largest:.1e}; at its "
@@ -192,12 +199,15 @@ class SameMath(Printed):
             return self.verdict()
         rows = [("gap", self.gaps)] + ([("tolerance", self.tolerance)] if self.checked else [])
         shown = min(len(self.gaps), self.steps_shown)
-        lines = [
-            self.verdict(),
-            "  step       " + " ".join(f"{i:>7d}" for i in range(1, shown + 1)),
-        ]
+        names = {name: tr(name) for name in _ROW_NAMES}
+        width = max(10, *(screen_width(n) for n in names.values()))
+
+        def cell(name: str) -> str:  # padded to the same screen width, Chinese included
+            return "  " + names[name] + " " * (width - screen_width(names[name]) + 1)
+
+        lines = [self.verdict(), cell("step") + " ".join(f"{i:>7d}" for i in range(1, shown + 1))]
         for name, values in rows:
-            lines.append(f"  {name:<10s} " + " ".join(f"{v:7.1e}" for v in values[:shown]))
+            lines.append(cell(name) + " ".join(f"{v:7.1e}" for v in values[:shown]))
         if len(self.gaps) > shown:
             lines.append("  " + tr("... {n} more steps").format(n=len(self.gaps) - shown))
         return "\n".join(lines)
@@ -219,6 +229,11 @@ class SameMath(Printed):
         step, ratio = self.worst
         n = len(self.gaps)
         what = self.note or tr("it")
+        if self.first_over is None and max(self.gaps, default=0.0) == 0:
+            return tr(
+                "{label}: bit-identical over all {n} steps (every gap is 0): this check "
+                "cannot tell {what} from this device's noise"
+            ).format(label=self.label, n=n, what=what)
         if self.first_over is None:
             return tr(
                 "{label}: within the tolerance over all {n} steps (closest at step {step}, "

@@ -120,7 +120,7 @@ def plot_scaling(result: SweepResult) -> Figure:
     fig, (a, b) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     a.plot(n, thr, marker="o", label=tr("measured"))
     a.plot(n, [thr[0] * k / n[0] for k in n], ls="--", color="gray", label=tr("ideal (linear)"))
-    a.set(xlabel=tr("processes (ranks)"), ylabel="samples/s", title=tr("Throughput"))
+    a.set(xlabel=tr("processes (ranks)"), ylabel=tr("samples/s"), title=tr("Throughput"))
     a.legend()
     b.plot(n, [100 * e for e in result.column("efficiency")], marker="o", color="C1")
     b.axhline(100, ls="--", color="gray")

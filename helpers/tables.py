@@ -10,10 +10,14 @@ from helpers.i18n import tr
 
 
 def _cell(value: Any) -> str:
-    """One value as table text: floats to 4 significant digits (chapter 1)."""
+    """One value as table text: floats to 4 significant digits, words in the learner's language (chapter 1).
+
+    A string value (a row's name, such as "FSDP by hand") is looked up in the catalogs like a
+    header: code compares rows by their English names, only the printed cell is translated.
+    """
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return tr(value) if isinstance(value, str) and value else str(value)
 
 
 def screen_width(text: str) -> int:

@@ -13,15 +13,15 @@ GiB = 2**30
 
 
 def format_bytes(n: float) -> str:
-    """20971520 -> '20.00 MiB' (binary units, sign kept) (chapter 1)."""
+    """20971520 -> '20.00 MiB' (binary units up to EiB, sign kept; 2**60 -> '1.00 EiB') (chapter 1)."""
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n):
         raise ValueError(tr("format_bytes needs a finite number of bytes, got {n!r}.").format(n=n))
     sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
         n /= 1024
-    return f"{sign}{n:.2f} TiB"
+    return f"{sign}{n:.2f} EiB"
 
 
 def format_seconds(seconds: float) -> str:

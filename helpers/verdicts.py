@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from helpers.i18n import tr, tr_mark
+from helpers.i18n import tight_cjk, tr, tr_mark
 from helpers.machine_state import MachineState, merge_states
 
 #: The words compare_rows is given for "better" (its `better=`), so the catalog has them.
@@ -118,7 +118,8 @@ def compare_rows(
     elif spread:
         noise = _number(ra, spread) + _number(rb, spread)
     beyond = abs(ratio - 1) > noise
-    na, nb = label.format(a), label.format(b)
+    # a row's name as a table shows it: the catalogs' words where they have it (chapter 1)
+    na, nb = (tr(label).format(tr(x) if isinstance(x, str) and x else x) for x in (a, b))
     if not beyond:  # the row ahead first, so the ratio reads as in a conclusive verdict
         ahead, behind, lead = (na, nb, ratio) if ratio >= 1 else (nb, na, 1 / ratio)
         text = tr(
@@ -140,7 +141,7 @@ def compare_rows(
             caveat=state.caveat(),  # type: ignore[union-attr]
             text=text,
         )
-    verdict = Verdict(text)
+    verdict = Verdict(tight_cjk(text))
     verdict.a, verdict.b, verdict.ratio, verdict.noise = str(a), str(b), ratio, noise
     verdict.conclusive, verdict.quiet = beyond and quiet, quiet
     return verdict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -31,6 +32,7 @@ from helpers.amp_sweep import (  # noqa: E402
 from helpers.formats import PrecisionError  # noqa: E402
 from helpers.machine_state import GpuTenants, MachineState  # noqa: E402
 from helpers.matmul import tf32_enabled, tf32_matmuls  # noqa: E402
+from helpers.profiler_markers import without_profiler_markers  # noqa: E402
 from helpers.sweeps import SweepResult  # noqa: E402
 from helpers.widgets import interactive_plot  # noqa: E402
 
@@ -73,6 +75,18 @@ def test_step_peak_bytes_on_cpu_is_exact() -> None:
 
     peak = step_peak_bytes(step, "cpu")
     assert 2 * 2**20 <= peak < 2 * 2**20 + 4096
+
+
+def test_the_cpu_peak_meter_hides_only_the_profiler_markers(capfd) -> None:  # noqa: ANN001
+    """torch 2.13's profiler writes "USDT:... profiler_start" and "... profiler_stop" to stderr
+    around every trace; the meter drops those two lines and passes on everything else."""
+    x = torch.ones(64, 64)
+    assert step_peak_bytes(lambda: x @ x, "cpu") > 0
+    assert "profiler_start" not in capfd.readouterr().err
+    marker = b"USDT:2026-11-29 02:03:14 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+    with without_profiler_markers():
+        os.write(2, marker + b"a real warning\n" + marker.replace(b"start", b"stop"))
+    assert capfd.readouterr().err == "a real warning\n"
 
 
 def test_step_peak_bytes_on_cuda_reads_the_allocator(fake_gpu) -> None:  # noqa: ANN001
@@ -379,10 +393,19 @@ def test_the_h100_gap_is_measured_against_the_seed_spread() -> None:
     within = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0477, 2: 0.0351})
     assert within.gap == pytest.approx(0.01155) and within.within
     text = str(within)
-    assert "lower by 0.012, 25.6% of fp32's" in text and "seeds 0, 1, 2" in text
+    assert "lower by 0.012, 26% of fp32's" in text and "seeds 0, 1, 2" in text
     assert "within what a new seed changes (0.92x the spread)" in text
     beyond = LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0453})
     assert not beyond.within and "beyond what a new seed changes (96.2x the spread)" in str(beyond)
+
+
+def test_a_tiny_gap_keeps_its_digits() -> None:
+    """Chapter 3's fp16 epoch: 5e-05 apart is 0.015% of fp32's loss and 0.0018x the spread,
+    not the "0.0%" and "0.00x" that fixed decimals print."""
+    tiny = str(LossGap("fp16", 0.33985, {0: 0.3398, 1: 0.3224, 2: 0.3496}))
+    assert "higher by 5e-05, 0.015% of fp32's" in tiny, tiny
+    assert "(0.0018x the spread)" in tiny, tiny
+    assert "0.0%" not in tiny and "0.00x" not in tiny
 
 
 def test_loss_gap_edge_cases() -> None:

@@ -21,6 +21,7 @@ from helpers.case_study import (
     CaseStudyTable,
     PreprocessingDataset,
     case_study_table,
+    fix_title,
     make_case_study,
     plot_case_study,
     plot_fixes,
@@ -216,3 +217,18 @@ def test_widget_run_plot_and_button() -> None:
     box.run_button.click()
     assert box.last_result is not None and box.last_result["chosen"] == [FIX_NAMES["no_sync"]]
     assert box.last_result["same result"] is True
+
+
+def test_a_fix_is_titled_in_the_learners_language_and_keyed_in_english() -> None:
+    """The widget's checkboxes read fix_title(key); FIX_NAMES keeps the English (learner 32)."""
+    from helpers.i18n import set_language
+
+    assert fix_title("resident") == FIX_NAMES["resident"] == "resident tensors, no DataLoader"
+    set_language("zh_CN")
+    try:
+        titles = [fix_title(key) for key in FIX_NAMES]
+        assert titles[1] == "常驻张量（不用 DataLoader）", titles
+        assert all(re.search(r"[\u4e00-\u9fff]", t) for t in titles), titles
+        assert FIX_NAMES["resident"] == "resident tensors, no DataLoader"
+    finally:
+        set_language("en")

@@ -467,6 +467,7 @@ def test_achieved_gflops_on_a_real_benchmark_is_positive() -> None:
     [
         (lambda t: t.numpy(), "requires grad"),
         (lambda t: t.detach().numpy(), "bf16"),
+        (lambda t: t.detach().cpu().numpy(), "convert it to float32 first"),  # names the fix
         (lambda t: t.detach().cpu().float().numpy(), "keep the dtype"),
         (lambda t: t.detach().cpu().tolist(), "return a NumPy array"),
         (lambda t: np.atleast_1d(SOLUTIONS["to_numpy"](t)), "shape changed"),

@@ -97,7 +97,17 @@ def test_checkpointing_every_block_fails() -> None:
             h = checkpoint(block, h, use_reentrant=False)
         return model[-1](h)
 
-    assert fails(checks.check_forward_low_memory(each_block), "saves nothing")
+    result = checks.check_forward_low_memory(each_block)
+    assert fails(result, "saves nothing", "activation bytes stayed at 0.44 MiB (no cut)")
+    assert "went from" not in result.message  # not "from 0.44 MiB to 0.44 MiB" (learner 32)
+
+
+def test_checkpointing_too_little_says_how_much_it_cut() -> None:
+    def first_pair(model, x):
+        return model[2:](checkpoint(model[:2], x, use_reentrant=False))
+
+    result = checks.check_forward_low_memory(first_pair)
+    assert fails(result, "activation bytes went from 0.44 MiB to ", "at least a cut of 40%")
 
 
 def test_reentrant_checkpointing_loses_gradients() -> None:

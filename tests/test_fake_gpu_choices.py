@@ -173,7 +173,7 @@ def test_mfu_without_a_datasheet_peak_measures(fake_gpu, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(mfu, "achievable_rate", search)
     peak = mfu.reference_peak("cuda", torch.bfloat16, shapes=[(512,) * 3, (2048,) * 3])
-    assert peak.measured and peak.flops == 2048e9 and "(2048, 2048, 2048)" in peak.source
+    assert peak.measured and peak.flops == 2048e9 and "m=2048, k=2048, n=2048" in peak.source
 
 
 @pytest.mark.parametrize(
@@ -218,7 +218,7 @@ def test_h100_mfu_references_are_the_bf16_peak_and_a_bf16_search(
     best = mfu.achievable_peak("cuda", dtype)
     assert asked["dtype"] == torch.bfloat16 and asked["device"].type == "cuda"
     assert best.flops == pytest.approx(805e12) and best.measured
-    assert "(m, k, n) = (8192, 8192, 8192)" in best.source
+    assert "m=8192, k=8192, n=8192" in best.source
     result = mfu.MfuResult(int(600e9), 1e-3, peak, best)
     assert result.mfu == pytest.approx(600 / 989)
     assert f"{600 / 805:.1%} of the achievable rate" in str(result)

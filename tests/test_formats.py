@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.formats import (
+    FP16_FATES,
     PrecisionError,
     finfo_rows,
     format_bits,
@@ -13,6 +14,7 @@ from helpers.formats import (
     is_tf32,
     parse_precision,
 )
+from helpers.i18n import set_language, tr
 from helpers.validate import DeviceError
 
 
@@ -49,6 +51,17 @@ def test_finfo_rows() -> None:
 )
 def test_fp16_fate(value: float, fate: str) -> None:
     assert fp16_fate(value) == fate
+
+
+def test_the_fates_a_table_shows_are_in_the_catalog() -> None:
+    """Chapter 3 prints fp16_fate's words in a table (every string cell goes through tr())."""
+    assert {fp16_fate(v) for v in (1.0, 1e-6, 0.0, 7e4)} == set(FP16_FATES)
+    set_language("zh_CN")
+    try:
+        shown = [tr(fate) for fate in FP16_FATES]
+    finally:
+        set_language("en")
+    assert shown == ["零", "次正规数", "正规数", "inf"]
 
 
 # --- parsing and choosing -----------------------------------------------------------------------

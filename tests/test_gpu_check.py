@@ -224,7 +224,7 @@ class FakeLauncher:
         assert threads is None or threads >= 1, "each rank gets its share of the stream's threads"
         assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT), "ranks import this checkout"
         result = LaunchResult(command=["torchrun"], nproc=nproc, backend=backend, seconds=0.5)
-        echo(f"[course] process group ready: {nproc} rank(s), backend {backend}")
+        echo(f"[course:ready] process group ready: {nproc} rank(s), backend {backend}")
         if script == self.fail:
             result.returncode, result.message = 1, "rank 0 failed first: NCCL error"
             return result

@@ -100,7 +100,7 @@ def test_a_dropped_last_batch_is_explained_in_chinese(chinese, capsys) -> None: 
     result = ch02.check_resident_batches(batches_dropping_the_last)
     out = capsys.readouterr().out
     assert result.status == FAIL and CJK.search(out), out
-    assert "100 个样本按 32 一批，批次大小应为 [32, 32, 32, 4]，实际是 [32, 32, 32]。" in out, out
+    assert "100 个样本按 32 一批，批大小应依次为 [32, 32, 32, 4]，实际是 [32, 32, 32]。" in out, out
     assert out.startswith("❌ 练习 3：常驻张量的批次迭代器："), out
 
 

@@ -94,7 +94,7 @@ def test_a_checkpoint_without_the_scaler_gives_both_scales_in_chinese(chinese, c
 
 def test_a_right_checkpoint_is_correct_in_chinese(chinese, capsys) -> None:  # noqa: ANN001
     assert ch03.check_scaler_checkpoint(save_all, load_all).passed
-    assert capsys.readouterr().out == "✅ 练习 4：把 GradScaler 存入检查点（checkpoint）：正确。\n"
+    assert capsys.readouterr().out == "✅ 练习 4：把 GradScaler 存入检查点：正确。\n"
 
 
 # --- chapter 4 ------------------------------------------------------------------------------

@@ -46,7 +46,10 @@ def test_unscaled_accumulation_is_explained_in_chinese(chinese, capsys) -> None:
     assert out.startswith("❌ 练习 2：梯度累积（gradient accumulation）："), out
     # 64 samples in micro-batches of 16: four unscaled means, 4x the whole batch's gradient
     assert "对 64 个样本、每个微批次 16 个，你的梯度是整个批次梯度的 4 倍。" in out, out
-    assert "每个微批次的损失都是一个均值：在 backward() 之前先对它做缩放。" in out, out
+    assert (
+        "每个微批次的损失都是一个均值：在 backward() 之前先把它按比例缩小（除以微批次的个数，或按样本比例加权）。"
+        in out
+    ), out
 
 
 def linear_search(fits: Callable[[int], bool], limit: int) -> int:
@@ -86,7 +89,7 @@ def test_a_linear_search_counts_its_probes_in_chinese(chinese, capsys) -> None: 
 
 def test_a_right_search_passes_in_chinese(chinese, capsys) -> None:  # noqa: ANN001
     assert ch05.check_largest_batch(doubling_then_bisect).passed
-    assert capsys.readouterr().out == "✅ 练习 4：能放下的最大批次：正确。\n"
+    assert capsys.readouterr().out == "✅ 练习 4：能放下的最大批大小：正确。\n"
 
 
 def safe_step_swallowing_everything(step: Callable[[int], object], batch: int) -> bool:
@@ -172,3 +175,20 @@ def test_english_is_back_after_chinese(capsys) -> None:  # noqa: ANN001
         "41.94, a percentage: return the fraction (0.4194)."
     ), out
     assert not CJK.search(out), out
+
+
+def test_checkpointing_that_saves_nothing_says_so_in_chinese(chinese, capsys) -> None:  # noqa: ANN001
+    from torch.utils.checkpoint import checkpoint
+
+    def each_block(model: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block in model[:-1]:
+            h = checkpoint(block, h, use_reentrant=False)
+        return model[-1](h)
+
+    result = ch05.check_forward_low_memory(each_block)
+    out = capsys.readouterr().out
+    assert result.status == FAIL, out
+    # not 「从 0.44 MiB 降到 0.44 MiB，减少了 0%」 (learner 32)
+    assert "激活值字节数仍为 0.44 MiB（没有减少）；至少需要减少 40%。" in out, out
+    assert "降到" not in out, out

@@ -56,7 +56,7 @@ def test_a_wrong_largest_batch_is_explained_in_chinese(chinese, capsys) -> None:
     result = check_largest_gpt_batch(lambda cfg, budget: 0)
     out = capsys.readouterr().out
     assert result.status == FAIL
-    assert out.startswith("❌ 练习 4，能放下的最大批次：[探针："), out
+    assert out.startswith("❌ 练习 4，能放下的最大批大小：[探针："), out
     assert re.search(r"预算 [\d,]+ 字节\] 你返回了 0，应为 37：", out), out
 
 

@@ -262,16 +262,22 @@ def test_the_nvml_header_is_the_same_in_english() -> None:
 
 
 def test_mfu_results_and_refusals_are_chinese(chinese, fake_gpu) -> None:  # noqa: ANN001
-    measured = Peak(1e11, "best fp32 matmul measured here, (m, k, n) = (8, 8, 8)", True)
+    measured = Peak(1e11, "best fp32 matmul measured here, m=8, k=8, n=8", True)
     over = MfuResult(int(1e9), 1e-3, measured, achievable=measured, machine=QUIET)
     text = str(over)
-    assert text.startswith("每步 1 GFLOP，用时 1 ms，即 1000 GFLOP/s；MFU 为 ")
+    assert text.startswith(
+        "每步 1 GFLOP，用时 1 ms，即 1000 GFLOP/s；MFU 为 1000.0%，参考峰值：0.1 TFLOP/s（"
+    )
+    depth = 0  # the peak's description in brackets, with no brackets inside (learner 32)
+    for ch in text:
+        depth += {"（": 1, "(": 1, "）": -1, ")": -1}.get(ch, 0)
+        assert depth <= 1, text
     assert "MFU 超过 100%：错的是参考峰值，而不是这一步。它是在机器有负载时" in text
     assert_chinese(text, measured.source)
     datasheet = Peak(1e15, "x", measured=False)
     assert "请检查这块 GPU 在该 dtype 下的峰值" in str(MfuResult(int(1e12), 1e-4, datasheet))
     best = achievable_peak("cpu", "fp32", shapes=[(16, 16, 16)])
-    assert best.source.startswith("在这里测得的最佳 fp32 矩阵乘法，(m, k, n) = (16, 16, 16)")
+    assert best.source.startswith("在这里测得的最佳 fp32 矩阵乘法，m=16、k=16、n=16")
     assert_chinese(str(best))
     for call, args in (
         (mfu, (0, 1.0, 1.0)),

@@ -63,9 +63,9 @@ def chinese_text(text: str, quoted: tuple[str, ...] = ()) -> str:
     """`text` if it reads as Chinese: Chinese in it, no three English words in a row.
 
     `quoted`: English the message quotes on purpose (torch's or Python's own error text, a
-    file path); `code spans` are commands, left as they are.
+    file path); `code spans` and pip commands are commands, left as they are.
     """
-    plain = re.sub(r"`[^`]*`", " ", str(text))
+    plain = re.sub(r"`[^`]*`|pip install [\w.\[\]-]+", " ", str(text))  # commands
     for q in quoted:
         plain = plain.replace(q, " ")
     assert CJK.search(plain), text
@@ -227,7 +227,7 @@ def test_the_scaling_summary_plot_and_widgets_in_chinese(chinese) -> None:  # no
 def test_column_names_stay_keys_and_translate_where_shown(chinese) -> None:  # noqa: ANN001
     rows = scaling_result().rows
     assert "processes" in rows[0] and "samples/s" in rows[0]  # what the notebook looks up
-    assert [tr(c) for c in ("processes", "global batch", "step spread")] == ["进程数", "全局批大小", "每步波动"]  # fmt: skip
+    assert [tr(c) for c in ("processes", "global batch", "step spread")] == ["进程数", "全局批大小", "每步波动（IQR/中位数）"]  # fmt: skip
     assert tr(dbh.WAY_NAMES["flat"]) == "(b) 一次展平全归约" and dbh.WAY_NAMES["flat"] == "(b) one flat all-reduce"  # fmt: skip
 
 
@@ -376,9 +376,11 @@ def test_the_capstone_ratios_read_one_way(chinese) -> None:  # noqa: ANN001
     _, text = cap.keep_verdict(replace_step(best, 0.0125), best)
     assert text == "舍弃：在每步 10 ms 时，耗时是不用它时的 1.25 倍（噪声 ±2%）", text
     _, text = cap.removal_verdict("resident", replace_step(best, 0.008), best)
-    assert text == "移除 resident：不用它时的速度是用它时的 1.25 倍（噪声 ±2%）", text
+    assert text == "移除 常驻设备的张量：不用它时的速度是用它时的 1.25 倍（噪声 ±2%）", text
     _, text = cap.removal_verdict("resident", replace_step(best, 0.0125), best)
-    assert text == "resident 保留：在每步 12.5 ms 时，速度是不用它时的 1.25 倍（噪声 ±2%）", text
+    assert text == "常驻设备的张量 保留：在每步 12.5 ms 时，速度是不用它时的 1.25 倍（噪声 ±2%）", (
+        text
+    )
 
 
 def replace_step(row: cap.LeverRow, step_s: float) -> cap.LeverRow:
@@ -491,7 +493,7 @@ def test_the_triton_status_and_its_refusals_in_chinese(chinese, monkeypatch, fak
 def test_the_scripts_lines_in_chinese(chinese, monkeypatch) -> None:  # noqa: ANN001
     ready = common.ready_line(2, "gloo", "cpu", 1)
     assert (
-        ready == "[course] process group ready: 2 个 rank，后端 gloo，设备 cpu，每个 rank 1 个线程"
+        ready == "[course:ready] 进程组已就绪：2 个 rank，后端 gloo，设备 cpu，每个 rank 1 个线程"
     )
     assert ready.startswith(common.READY_MARKER)  # the launcher times start-up by it
     lines = [

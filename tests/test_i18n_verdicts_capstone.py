@@ -61,11 +61,11 @@ def test_removal_and_cost_verdicts_in_chinese(chinese) -> None:
     final = row("resident + sdpa", step_s=0.010)
     assert removal_verdict("resident", row("sdpa", step_s=0.008), final) == (
         True,
-        "移除 resident：不用它时的速度是用它时的 1.25 倍（噪声 ±2%）",
+        "移除 常驻设备的张量：不用它时的速度是用它时的 1.25 倍（噪声 ±2%）",
     )
     stays = removal_verdict("resident", row("sdpa", step_s=0.0101), final)[1]
     assert stays == (
-        "resident 保留（在 resident + sdpa 中已开启）：在每步 10.1 ms 时现在未显示出帮助"
+        "常驻设备的张量 保留（在 常驻设备的张量 + sdpa 中已开启）：在每步 10.1 ms 时现在未显示出帮助"
         "（1.01x，噪声 ±2%）"
     ), stays
     without, ckpt = row("sdpa", step_s=0.010), row("sdpa + checkpoint", step_s=0.0135)
@@ -81,7 +81,7 @@ def test_explanations_in_chinese(chinese, fake_gpu) -> None:  # noqa: ANN001
     assert lever_available("graphs", "cpu") == (False, "CUDA 图需要 CUDA 或 ROCm GPU，而这里是 cpu")
     fake_gpu("h100_sxm")
     ratio = recipe_ratio("cuda", BIG, 16, 629_617)
-    assert ratio == "最终配置的吞吐量是公开配方的 1.10 倍（629,617 对 572,379 tokens/s）", ratio
+    assert ratio == "最终配置的吞吐量是公开方案的 1.10 倍（629,617 对 572,379 tokens/s）", ratio
 
 
 STEP_S = {"baseline": 0.010, "resident": 0.0099, "sdpa": 0.008, "resident + sdpa": 0.006}
@@ -113,14 +113,26 @@ def test_the_lever_search_prints_chinese(chinese, capsys) -> None:
     assert "tf32：在这里跳过：TF32 需要计算能力 8.0 及以上的 NVIDIA GPU" in out, out
     assert search.ablate(("resident", "sdpa")) is True
     out = capsys.readouterr().out
-    assert "第 1 轮消融：resident + sdpa 胜过最终配置，速度是后者的 1.33 倍" in out, out
+    # a lever combination and the baseline named in Chinese wherever shown (learner 32)
+    assert "第 1 轮消融：常驻设备的张量 + sdpa 胜过最终配置，速度是后者的 1.33 倍" in out, out
     assert "第 2 轮消融：开启或关闭任何一个优化手段都没有胜过最终配置" in out, out
     assert search.ablation[0].kept == "最终配置（第 1 轮）"
     assert search.not_shown_to_help() == []  # kept levers are told apart in Chinese too
     verdict = search.final_verdict()
-    assert verdict == "在这台机器上，resident + sdpa 的速度是 baseline 的 1.67 倍", verdict
-    colors = [p.get_facecolor()[:3] for p in plot_levers(search.rows).axes[0].patches]
+    assert verdict.replace(" 的", "的").replace("是 ", "是") == (
+        "在这台机器上，常驻设备的张量 + sdpa的速度是基线的 1.67 倍"
+    ), verdict  # how verdicts space a Chinese row name is helpers.verdicts' choice
+    assert [r["levers"] for r in search.table()] == ["基线", "sdpa"]  # the keys stay English
+    changes = [r["change"] for r in search.ablation_table()]
+    assert "- 常驻设备的张量" in changes or "+ 常驻设备的张量" in changes, changes
+    labels = [r.check.label for r in search.rows + search.ablation if r.check is not None]
+    assert "sdpa 对比 基线" in labels, labels  # the same-math checks' names
+    assert all(" vs " not in label and "baseline" not in label for label in labels), labels
+    figure = plot_levers(search.rows)
+    colors = [p.get_facecolor()[:3] for p in figure.axes[0].patches]
     assert len(set(colors)) == 2  # the kept lever stands out
+    ticks = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert "基线" in ticks and "baseline" not in ticks, ticks
 
 
 def test_english_is_back_after_chinese() -> None:

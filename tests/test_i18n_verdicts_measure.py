@@ -120,7 +120,7 @@ def test_the_loss_gap_verdict_is_chinese(chinese, capsys) -> None:  # noqa: ANN0
     print(LossGap("bf16", 0.03363, {0: 0.04518, 1: 0.0477, 2: 0.0351}))
     head, tail = capsys.readouterr().out.splitlines()
     assert head.startswith("bf16 的最终损失为 0.03363，fp32 在同一种子下为 0.04518：低了 0.012")
-    assert "25.6%" in head and "种子 0, 1, 2" in head, head
+    assert "26%" in head and "种子 0, 1, 2" in head, head
     assert (
         tail
         == "-> 在换一个种子带来的变化之内（是种子间波动的 0.92 倍）：就训练所能分辨的而言，结果相同"

@@ -14,6 +14,7 @@ from helpers.machine_state import GpuTenants, MachineState
 from helpers.max_batch import find_max_batch, max_batch_before_oom, max_batch_under_budget, try_step
 from helpers.models import make_mlp
 from helpers.same_math import check_not_run, loss_ulp, noise_floor, same_math
+from helpers.tables import screen_width
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 IMPOSSIBLE = 2**60  # 1 EiB: no machine can allocate it
@@ -33,7 +34,9 @@ def test_same_math_verdicts_are_chinese_with_their_numbers(chinese, capsys) -> N
     assert out.startswith(
         "bug vs base：不一致：第 3 步的差距是容差的 1.56 倍（容差为本底噪声的 64 倍）；a bug"
     )
-    assert "  step " in out and "  tolerance " in out  # the table's row names stay as they are
+    table = out.splitlines()[1:4]  # the row names in Chinese, the columns still aligned
+    assert [line.split()[0] for line in table] == ["步", "差距", "容差"], table
+    assert len({screen_width(line) for line in table}) == 1, table  # 步 is two columns wide
     control = same_math("lr +10%", [5.5, 5.2 + 100 * ulp, 5.0 + 200 * ulp], base, floor)
     assert control.as_control().startswith("lr +10%：在 3 步中从第 2 步起超出容差")
     assert control.as_control().endswith("检查看得出这一改动")
@@ -51,6 +54,11 @@ def test_same_math_that_passes_says_so_in_chinese(chinese) -> None:
     text = close.verdict()
     assert text.startswith("lever vs base：3 步内数学等价（最大差距 ")
     assert "最接近容差的是第 2 步，为容差的 0.047 倍" in text, text
+    identical = same_math("常驻设备的张量 对比 基线", base, base, floor)
+    assert identical.verdict() == "常驻设备的张量 对比 基线：3 步内逐位相同（差距全为 0）"
+    assert identical.as_control().startswith(
+        "常驻设备的张量 对比 基线：全部 3 步逐位相同（差距全为 0）："
+    )
 
 
 def test_machine_state_line_and_caveat_are_chinese(chinese, capsys) -> None:
@@ -66,7 +74,8 @@ def test_machine_state_line_and_caveat_are_chinese(chinese, capsys) -> None:
     ), lines[0]
     assert lines[1] == "机器：空闲（负载 0.5，共 2 个核心，可用 2 个；torch 1 个线程）", lines[1]
     caveat = busy.caveat()
-    assert caveat.startswith("这块 GPU 与其他 2 个计算进程共用") and "CPU 负载高（" in caveat
+    assert caveat.startswith("这块 GPU 与其他 2 个计算进程共用") and "CPU 负载高，" in caveat
+    assert "（" not in caveat.split("CPU 负载高")[1]  # no brackets inside the brackets it is put in
     assert str(GpuTenants(0, note="x")) == "这块 GPU 上没有其他进程（x）"
 
 
@@ -86,10 +95,12 @@ def test_same_but_for_beyond_and_within_rounding_in_chinese(chinese, capsys) -> 
 def test_max_batch_results_and_refusals_are_chinese(chinese) -> None:
     result = find_max_batch(lambda b: (b <= 50, f"b={b}"), start=8, limit=4096, method="toy")
     text = str(result)
-    assert text.startswith("能放下的最大批次：50  [toy，"), text
+    assert text.startswith("能放下的最大批大小：50  [toy，"), text
     assert "批大小" in text and "放得下" in text and "是" in text  # headers and words translated
     at_limit = find_max_batch(lambda b: True, limit=64)
-    assert str(at_limit).startswith("能放下的最大批次：64（已到搜索上限；更大的批次也可能放得下）")
+    assert str(at_limit).startswith(
+        "能放下的最大批大小：64（已到搜索上限；更大的批大小也可能放得下）"
+    )
     with pytest.raises(ValueError, match="连批大小 1 都放不下：太大了。"):
         find_max_batch(lambda b: (False, "太大了"))
     with pytest.raises(ValueError, match="优化器状态就需要") as exc:
@@ -103,7 +114,7 @@ def test_out_of_memory_is_explained_in_chinese(chinese, fake_gpu) -> None:
     outcome = try_step(torch.empty, IMPOSSIBLE, dtype=torch.uint8)
     assert not outcome.ok
     assert outcome.message.startswith(
-        "empty 中显存或内存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝。"
+        "torch.empty 中显存或内存不足：尝试分配 1.00 EiB，被 CPU 分配器拒绝。"
     )
     assert "激活检查点" in outcome.message
     fake_gpu("t4")
@@ -114,8 +125,7 @@ def test_out_of_memory_is_explained_in_chinese(chinese, fake_gpu) -> None:
     result = max_batch_before_oom(step, "cuda", limit=64)
     assert result.largest == 20 and result.probes[0]["detail"] == "成功运行"
     assert (
-        result.probes[-1]["detail"]
-        == "step 中显存或内存不足：尝试分配 1048576.00 TiB，被 CPU 分配器拒绝"
+        result.probes[-1]["detail"] == "step 中显存或内存不足：尝试分配 1.00 EiB，被 CPU 分配器拒绝"
     )
     assert "cuda 上真实的显存不足" in str(result)
 
@@ -125,3 +135,20 @@ def test_english_comes_back() -> None:
     set_language("en")
     assert str(GpuTenants(0)) == "no other process on this GPU"
     assert str(same_but_for([1.0], [1.0])).startswith("losses: 1 values, largest gap 0.0e+00")
+
+
+def test_a_verdict_names_chinese_rows_without_stray_spaces(chinese) -> None:  # noqa: ANN001
+    """A learner read 「最终循环 的速度是 源教程的循环 的 2.69 倍」: the template's spaces
+    belong around Latin names only."""
+    from helpers.verdicts import compare_rows
+
+    rows = [
+        {"how": "最终循环", "ms": 1.0, "IQR": 0.01},
+        {"how": "源教程的循环", "ms": 2.69, "IQR": 0.01},
+    ]
+    says = str(compare_rows(rows, "how", "最终循环", "源教程的循环", "ms", iqr="IQR"))
+    assert "最终循环的速度是源教程的循环的 2.69 倍" in says, says
+    rows = [{"how": "GPU", "ms": 1.0, "IQR": 0.01}, {"how": "CPU", "ms": 3.0, "IQR": 0.01}]
+    assert "GPU 的速度是 CPU 的 3.00 倍" in str(
+        compare_rows(rows, "how", "GPU", "CPU", "ms", iqr="IQR")
+    )

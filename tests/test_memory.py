@@ -19,6 +19,9 @@ from helpers.units import format_bytes
         (3 * 2**30, "3.00 GiB"),
         (-2048, "-2.00 KiB"),
         (2**41, "2.00 TiB"),
+        (2**50, "1.00 PiB"),
+        (2**60, "1.00 EiB"),  # chapter 5's impossible allocation, as its markdown says it
+        (2**70, "1024.00 EiB"),
     ],
 )
 def test_format_bytes(n: int, text: str) -> None:

@@ -171,12 +171,6 @@ ALLOWED: list[tuple[str, str, str]] = [
     ),
     ("notebooks/04_multi_gpu.ipynb", "x less, {how}", "optimizer state bytes, counted"),
     ("notebooks/05_memory.ipynb", "x the parameters (", "bytes over the parameters' bytes"),
-    ("notebooks/05_memory.ipynb", "x the 20 MiB it saved", "RSS over the counted activation bytes"),
-    (
-        "notebooks/05_memory.ipynb",
-        "the warm process above",
-        "RSS over the counted activation bytes",
-    ),
     (
         "notebooks/05_memory.ipynb",
         "step temporaries MiB'] / params",

@@ -70,6 +70,14 @@ def test_same_math_passes_within_64_floors_and_fails_beyond() -> None:
     assert close.tolerance == [SAME_MATH_FACTOR * ulp] * 3
     assert close.worst == (2, pytest.approx(3 / 64))
     assert close.verdict().startswith("lever vs base: same math over 3 steps (largest gap")
+    identical = same_math("resident vs baseline", base, base, floor)
+    assert identical.passed and identical.verdict() == (  # not "0x the tolerance" (learner 32)
+        "resident vs baseline: bit-identical over 3 steps (every gap is 0)"
+    )
+    assert str(identical).splitlines()[1:3] == [
+        "  step             1       2       3",
+        "  gap        0.0e+00 0.0e+00 0.0e+00",
+    ]
     far = same_math("bug vs base", [5.5, 5.2, 5.0 + 100 * ulp], base, floor, "a bug")
     assert not far.passed and far.worst[0] == 3
     assert "DIFFERENT: at step 3 the gap is 1.56x the tolerance" in far.verdict()
@@ -133,10 +141,13 @@ def test_first_over_and_the_negative_control_line() -> None:
     )
     tiny = same_math("lr x 1.0001 vs base", base, base, floor, "a learning rate 0.01% larger")
     assert tiny.first_over is None
-    assert tiny.as_control() == (
-        "lr x 1.0001 vs base: within the tolerance over all 4 steps (closest at step 1, 0x the "
-        "tolerance): over 4 steps this check cannot tell a learning rate 0.01% larger from this "
-        "device's noise"
+    assert tiny.as_control() == (  # every gap 0: no "closest at 0x the tolerance" (learner 32)
+        "lr x 1.0001 vs base: bit-identical over all 4 steps (every gap is 0): this check cannot "
+        "tell a learning rate 0.01% larger from this device's noise"
+    )
+    near = same_math("lr x 1.00001 vs base", [5.5, 5.2, 5.0, 4.8 + ulp], base, floor, "a nudge")
+    assert near.first_over is None and near.as_control().startswith(
+        "lr x 1.00001 vs base: within the tolerance over all 4 steps (closest at step 4, "
     )
     with pytest.raises(ValueError, match="needs a noise floor"):
         same_math("amp", base, base, None, "rounding").as_control()

@@ -459,7 +459,7 @@ def test_the_notebooks_section_6_on_a_stand_in_mps(
         exec(cell_containing(NOTEBOOK, "loss_check = same_but_for("), ns)
     out = capsys.readouterr().out
     assert ns["effect"] is not None, "on MPS, fused Adam's float32 effect is measured"
-    assert "final loop vs eager fused Adam" in out and ns["rerun"].ok
+    assert "final loop steps vs eager fused Adam" in out and ns["rerun"].ok
     assert ns["param_check"].effect > 0 and "fused Adam alone moves them" in out
     assert ns["loss_check"].ok and ns["param_check"].ok
 

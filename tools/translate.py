@@ -42,6 +42,7 @@ import os
 import re
 import string
 import sys
+import textwrap
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +74,10 @@ EMPHASIS = re.compile(
 #: Chinese characters and full-width punctuation, at a line's end or start (hard_breaks).
 #: Emphasis, code and quotation marks around the character at a line's end or start.
 _MARKS = r"[*_`\"\u201c\u201d\u2018\u2019\u300c\u300d]*"
-CJK_END = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]" + _MARKS + "$")
-CJK_START = re.compile(r"\s*" + _MARKS + r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+#: A {...} group without nested braces: what a translation keeps where str.format cannot parse.
+BRACED = re.compile(r"\{[^{}]*\}")
+CJK_END = re.compile(r"[\u2014\u2026\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]" + _MARKS + "$")
+CJK_START = re.compile(r"\s*" + _MARKS + r"[\u2014\u2026\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 #: Full-width punctuation at a line's end: a break after it shows as a space before anything.
 PUNCT_END = re.compile(r"[\u3001\u3002\uff01\uff09\uff0c\uff1a\uff1b\uff1f]" + _MARKS + "$")
 #: A markdown line that is not paragraph text: blank, list item, heading, quote, table, fence,
@@ -329,12 +332,26 @@ def literals(source: str, keys: frozenset[str] = frozenset()) -> list[Literal]:
         text = ast.get_source_segment(code, node) or ""
         words = _words(node)
         wanted = reads_as_words(words) or (id(node) in shown and re.search(r"[A-Za-z]{3,}", words))
-        if id(node) in docs or not wanted or words in keys:
+        if id(node) in docs or not wanted or words in keys or is_identifier(words):
             continue
         start = offset(node.lineno, node.col_offset)
         end = offset(node.end_lineno, node.end_col_offset)  # type: ignore[arg-type]
         out.append(Literal(start, end, text))
     return sorted(out, key=lambda lit: lit.start)
+
+
+#: Names torch and the course pass on as values (a compile backend, a process-group backend,
+#: a device type, an attention implementation): a translated one would break the code.
+TORCH_NAMES = frozenset(
+    {"inductor", "eager", "aot_eager", "cudagraphs", "nccl", "gloo", "mpi", "ucc", "xccl"}
+    | {"cuda", "cpu", "mps", "xpu", "meta", "sdpa", "manual", "math", "flash", "efficient", "cudnn"}
+)
+
+
+def is_identifier(text: str) -> bool:
+    """A literal that names something for the code, not the learner: snake_case or one of
+    TORCH_NAMES (never translated, even as a branch of `a if c else b`)."""
+    return bool(re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)+", text)) or text in TORCH_NAMES
 
 
 def reads_as_words(text: str) -> bool:
@@ -404,6 +421,18 @@ def _expressions(node: ast.AST) -> list[str]:
     )
 
 
+def script_of(text: str) -> str | None:
+    """The syntax tree of a string that is a Python script (two statements or more, on lines
+    of their own), or None: a script's translation may change its comments only."""
+    if "\n" not in text.strip():
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(text))
+    except SyntaxError:
+        return None
+    return ast.dump(tree) if len(tree.body) >= 2 else None
+
+
 def string_problem(english: str, chinese: str) -> str:
     """What is wrong with a string literal's translation (not the same kind of literal, a lost
     {placeholder} or %-specifier), or ''."""
@@ -418,11 +447,18 @@ def string_problem(english: str, chinese: str) -> str:
         return "the {expressions} differ: keep every {...} of the English as it is"
     if isinstance(en, ast.Constant):
         try:
-            same = fields(en.value) == fields(zh.value)  # type: ignore[attr-defined]
-        except ValueError:
-            same = True  # braces that are not str.format fields: nothing to keep
+            en_fields = fields(en.value)  # type: ignore[attr-defined]
+        except ValueError:  # braces that are not str.format fields: every {...} stays as written
+            same = sorted(BRACED.findall(en.value)) == sorted(BRACED.findall(zh.value))  # type: ignore[attr-defined]
+        else:
+            try:
+                same = en_fields == fields(zh.value)  # type: ignore[attr-defined]
+            except ValueError:  # the English formats, the translation would raise
+                return "a brace the English does not have: str.format would raise (write {{ or }})"
         if not same:
             return "the str.format fields differ: keep every {...} of the English as it is"
+        if script_of(en.value) is not None and script_of(en.value) != script_of(zh.value):  # type: ignore[attr-defined]
+            return "this string is a Python script: translate its comments only, keep its code"
         if sorted(PERCENT_SPEC.findall(en.value)) != sorted(PERCENT_SPEC.findall(zh.value)):  # type: ignore[attr-defined]
             return "the %-specifiers differ: keep every %s, %d ... of the English"
     return ""
@@ -623,11 +659,15 @@ def problems(po: polib.POFile, path: str) -> list[str]:
             out.append(f"{where}: a stale `#| msgid` line without the fuzzy flag: remove it")
         elif e.msgctxt is None and placeholder_problem(e):  # a helper's tr("... {x}") message
             out.append(f"{where}: {placeholder_problem(e)}")
+        elif "\r" in e.msgstr:
+            out.append(f"{where}: a carriage return (\\r) in the translation: remove it")
         elif e.msgctxt is None and EMPHASIS.search(e.msgstr):
             out.append(
                 f"{where}: {EMPHASIS.search(e.msgstr).group(0)!r} prints its asterisks as they are "
                 "(a runtime message is plain text): drop them or use quotation marks"
             )
+        elif e.msgctxt is None and added_marker(e.msgid, e.msgstr):
+            out.append(f"{where}: {added_marker(e.msgid, e.msgstr)}")
         elif e.comment == "string literal" and string_problem(e.msgid, e.msgstr):
             out.append(f"{where}: {string_problem(e.msgid, e.msgstr)}")
         elif e.comment == "trailing comment" and "\n" in e.msgstr:
@@ -651,14 +691,37 @@ def problems(po: polib.POFile, path: str) -> list[str]:
     return out
 
 
+#: Markdown markers a runtime message prints as they are: code, underscores, asterisks.
+RUNTIME_MARKERS = (
+    re.compile(r"`[^`]+`"),
+    re.compile(r"(?<![A-Za-z0-9_*])_[^_\s][^_]*_(?![A-Za-z0-9_])"),  # not snake_case
+    re.compile(r"(?<![A-Za-z0-9_*])\*{1,2}[^*\s][^*]*\*{1,2}(?![A-Za-z0-9_*])"),
+)
+
+
+def added_marker(english: str, chinese: str) -> str:
+    """A markdown marker a helper's translated message has more of than its English, or ''
+    (a runtime message is plain text: the learner would read the marks)."""
+    for pattern in RUNTIME_MARKERS:
+        extra = len(pattern.findall(chinese)) - len(pattern.findall(english))
+        if extra > 0:
+            return (
+                f"{pattern.findall(chinese)[0]!r}: a marker the English does not have prints as it "
+                "is (a runtime message is plain text): drop it or use quotation marks"
+            )
+    return ""
+
+
 def hard_breaks(markdown: str) -> list[str]:
-    """Line breaks between two Chinese characters inside a paragraph (they render as a space)."""
+    """Line breaks inside a Chinese paragraph, after or before a Chinese character (each renders
+    as a space: between two characters a stray one, next to a Latin word one the line did not
+    choose)."""
     found, fence, lines = [], False, markdown.split("\n")
     for a, b in zip(lines, lines[1:]):
         fence ^= a.lstrip().startswith("```")
         if fence or STRUCTURAL.match(b) or NOT_TEXT.match(a) or a.endswith("  "):
             continue
-        if (CJK_END.search(a) and CJK_START.match(b)) or PUNCT_END.search(a):
+        if CJK_END.search(a) or CJK_START.match(b) or PUNCT_END.search(a):  # either side Chinese
             found.append(
                 f"a line break inside a Chinese paragraph ({a[-8:]!r} / {b.lstrip()[:8]!r}) "
                 "shows as a stray space: join the two lines"

@@ -571,6 +571,21 @@ def check_achieved_gflops(fn: Callable[[int, int, int, BenchResult], float]) -> 
     return run_check(tr("Exercise 4, achieved GFLOP/s from a benchmark"), probes)
 
 
+def _to_numpy_call(fn: Callable[[torch.Tensor], np.ndarray], t: torch.Tensor) -> np.ndarray:
+    """fn(t), with NumPy's bfloat16 refusal turned into the hint that names the fix (chapter 1)."""
+    try:
+        return fn(t)
+    except TypeError as exc:
+        if "BFloat16" not in str(exc):
+            raise
+        raise CheckFailed(
+            tr(
+                "NumPy has no bfloat16, so .numpy() refuses a bf16 tensor: convert it to float32 "
+                "first (.float()), then call .numpy()."
+            )
+        ) from None
+
+
 def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
     """Exercise 5: to_numpy works for grad, bf16, other dtypes and non-CPU tensors, input untouched (chapter 1)."""
 
@@ -608,7 +623,7 @@ def check_to_numpy(fn: Callable[[torch.Tensor], np.ndarray]) -> CheckResult:
         for what, t in cases:
             before = (t.requires_grad, t.device, t.dtype, t.detach().clone())
             with probe(what):
-                got = fn(t)
+                got = _to_numpy_call(fn, t)
                 expect(
                     isinstance(got, np.ndarray),
                     tr("return a NumPy array, got {kind}.").format(kind=type(got).__name__),

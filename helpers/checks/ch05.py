@@ -280,6 +280,20 @@ def check_accumulate_gradients(
     return run_check(tr("Exercise 2: gradient accumulation"), probes)
 
 
+def _activation_change(plain: int, saved: int) -> str:
+    """How the activation bytes changed, in words: cut by how much, unchanged, or grown (chapter 5)."""
+    cut = 1 - saved / plain
+    if abs(cut) < 0.005:  # not "went from 0.44 MiB to 0.44 MiB, a cut of 0%"
+        what = tr("activation bytes stayed at {plain:.2f} MiB (no cut)")
+    elif cut < 0:
+        what = tr("activation bytes grew from {plain:.2f} MiB to {saved:.2f} MiB")
+    else:
+        what = tr(
+            "activation bytes went from {plain:.2f} MiB to {saved:.2f} MiB, a cut of {cut:.0%}"
+        )
+    return what.format(plain=plain / 2**20, saved=saved / 2**20, cut=cut)
+
+
 def check_forward_low_memory(
     fn: Callable[[nn.Sequential, torch.Tensor], torch.Tensor], min_cut: float = 0.4
 ) -> CheckResult:
@@ -340,15 +354,13 @@ def check_forward_low_memory(
             tr("the gradients differ from the plain model's."),
         )
         saved = measure_activation_bytes(_Wrapped(model), x)
-        cut = 1 - saved / plain
         expect(
-            cut >= min_cut - 1e-9,
+            1 - saved / plain >= min_cut - 1e-9,
             tr(
-                "activation bytes went from {plain:.2f} MiB to {saved:.2f} MiB, a cut of "
-                "{cut:.0%}; at least {min_cut:.0%} is needed. Checkpointing each Linear+ReLU "
-                "block alone saves nothing (a block keeps only its input anyway): checkpoint "
-                "segments of several blocks, so only each segment's input is kept."
-            ).format(plain=plain / 2**20, saved=saved / 2**20, cut=cut, min_cut=min_cut),
+                "{what}; at least a cut of {min_cut:.0%} is needed. Checkpointing each "
+                "Linear+ReLU block alone saves nothing (a block keeps only its input anyway): "
+                "checkpoint segments of several blocks, so only each segment's input is kept."
+            ).format(what=_activation_change(plain, saved), min_cut=min_cut),
         )
 
     return run_check(tr("Exercise 3: place the checkpoints"), probes)

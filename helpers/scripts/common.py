@@ -33,10 +33,11 @@ BACKEND_ENV = "COURSE_DIST_BACKEND"
 BACKENDS = ("gloo", "nccl")
 #: Set by the launcher on one machine: the ranks meet through this file instead of a TCP port.
 PG_FILE_ENV = "COURSE_PG_FILE"
-#: Rank 0 prints this once the process group is up; the launcher times start-up with it.
-READY_MARKER = "[course] process group ready"
+#: Rank 0 starts its line with this once the process group is up; the launcher times start-up
+#: with it (a tag, not words: the rest of the line is in the learner's language).
+READY_MARKER = "[course:ready]"
 #: Rank 0 prints this and a script's name when one_launch.py starts that script's job.
-JOB_MARKER = "[course] job"
+JOB_MARKER = "[course:job]"
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -129,8 +130,9 @@ def setup(timeout_s: float = 60.0) -> Context:
 
 def ready_line(world_size: int, backend: str, device: str, threads: int) -> str:
     """What rank 0 prints once the group is up: READY_MARKER (kept, the launcher looks for it), then the job (chapter 4)."""
-    return f"{READY_MARKER}: " + tr(
-        "{world_size} rank(s), backend {backend}, device {device}, {threads} thread(s) per rank"
+    return f"{READY_MARKER} " + tr(
+        "process group ready: {world_size} rank(s), backend {backend}, device {device}, "
+        "{threads} thread(s) per rank"
     ).format(world_size=world_size, backend=backend, device=device, threads=threads)
 
 

@@ -102,7 +102,7 @@ def main() -> None:
         dies = ctx.rank == args.die_rank and step == args.die_at_step
         if dies and (attempt == 0 or args.die_every_attempt):
             if args.hang:
-                # the chapter finds this line by its English words: a translation keeps them
+                # the chapter finds this line by its "[rank R] " prefix: its words are translated
                 say(ctx, tr("step {step}: stops answering (simulated hang)").format(step=step))
                 time.sleep(3600)
             say(ctx, tr("step {step}: crashes now (simulated with os._exit(3))").format(step=step))
