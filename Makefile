@@ -100,7 +100,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 $(TEST_VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/python -m pip install --quiet "torch==$(TEST_TORCH_VERSION)" $(index_flag)
-	$(TEST_VENV)/bin/python -m pip install --quiet -r requirements.txt -e .
+	$(TEST_VENV)/bin/python -m pip install --quiet -r requirements.txt -e ".[teach]"
 	touch $@
 
 $(W7_VENV)/.installed: requirements.txt pyproject.toml
@@ -192,6 +192,15 @@ set-repo: ## teach from your fork: make set-repo REPO=https://github.com/ORG/NAM
 		echo "now: $$($(PYTHON) tools/set_repo.py --check | tail -1)"; exit 2; }
 	$(PYTHON) tools/set_repo.py $(if $(REPO),"$(REPO)",) $(if $(BRANCH),--branch "$(BRANCH)",) \
 		$(if $(mirror_given),--mirror "$(MIRROR)",)
+
+# Teaching a class: nbgrader (the `teach` extra) in .venv, next to the course it grades.
+$(VENV)/.teach: $(VENV)/.installed pyproject.toml
+	$(VENV)/bin/python -m pip install --quiet -e ".[teach]"
+	touch $@
+
+.PHONY: assignments
+assignments: $(VENV)/.teach ## the nbgrader course folder classroom/: one assignment per chapter and language
+	$(VENV)/bin/python tools/assignments.py --out classroom
 
 lint: ## ruff on helpers, tests, tools, benchmarks and notebooks
 	$(VENV)/bin/ruff check $(LINT_DIRS)
