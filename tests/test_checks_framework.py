@@ -99,3 +99,24 @@ def test_work_order_records_forwards_and_backwards_and_removes_its_hooks() -> No
     assert interleaved == ["forward", "backward"] * 3 and forwards_at_once(interleaved) == 1
     assert forwards_at_once(summed) == 3 and forwards_at_once([]) == 0
     assert not model._forward_pre_hooks
+
+
+def test_under_nbgrader_validate_a_check_that_is_not_passed_raises(monkeypatch, capsys) -> None:  # noqa: ANN001
+    """Issue 34 (an nbgrader expert's review): Validate runs the student's copy without the
+    hidden tests, so a ❌ or ⏳ must raise there, or Validate calls every exercise fine."""
+    from helpers.checks import CheckFailed, expect, run_check
+
+    def wrong() -> None:
+        expect(False, "the hint")
+
+    def stub() -> None:
+        raise NotImplementedError("Write your solution here.")
+
+    assert run_check("ex", wrong).status == "fail"  # a learner's notebook: printed, never raised
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+    for probes in (wrong, stub):
+        with pytest.raises(CheckFailed):
+            run_check("ex", probes)
+    assert run_check("ex", lambda: None).status == "pass"
+    out = capsys.readouterr().out
+    assert "❌ ex: the hint" in out and "⏳ ex" in out and "✅ ex" in out

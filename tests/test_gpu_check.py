@@ -264,7 +264,7 @@ def test_two_fake_gpus_run_ddp_and_fsdp_on_nccl_at_world_sizes_1_and_2(
     assert "| ddp_train | 2 | ok |" in text and "| fsdp_vs_ddp | 1 | ok |" in text
     assert "| one_launch | 2 | ok |" in text
     assert (tmp_path / "nccl" / "one_launch-nccl-x2" / "manual_allreduce" / "rank1.pt").is_file()
-    assert (tmp_path / "nccl" / "ddp_train-nccl-x2.log").read_text().startswith("[course]")
+    assert (tmp_path / "nccl" / "ddp_train-nccl-x2.log").read_text().startswith("[course:ready]")
     assert "reference/nvidia-h100-80gb-hbm3" in capsys.readouterr().out
 
 

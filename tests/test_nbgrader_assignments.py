@@ -125,7 +125,11 @@ def test_cells_have_their_nbgrader_roles(solution: Path, language: str) -> None:
             tests += 1
             assert role["grade"] and role["locked"]
             assert role["points"] == assignments.POINTS.get(checker, assignments.DEFAULT_POINTS)
-            hidden = f"strict_checker({modules[checker]!r}, {checker!r}, {language!r})"
+            hidden = (
+                f"strict_checker({modules[checker]!r}, {checker!r}, {language!r}, "
+                f"{course_nbgrader.TOKEN_PLACEHOLDER!r})"
+            )
+            assert repr(str(assignments.GRADING)) in cell.source
             assert hidden in cell.source and course_nbgrader.HIDDEN_BEGIN in cell.source
         else:
             assert role["locked"] and not role["grade"], cell.source[:80]
@@ -199,6 +203,22 @@ def test_hidden_tests_leave_the_visible_check() -> None:
 def test_lms_file_names_give_student_and_notebook(name: str, student: str, notebook: str) -> None:
     m = re.match(assignments.LMS_FILENAME, f"/course/downloaded/ch06/extracted/zip/{name}")
     assert m and m["student_id"] == student and m["file_id"] == notebook
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["bob_Copy of Copy of 06_profiling_exercises.ipynb", "bob_06_profiling_exercises (2).ipynb"],
+)
+def test_repeated_copies_and_downloads_are_collected(name: str) -> None:
+    m = re.match(assignments.LMS_FILENAME, f"/course/downloaded/ch06/extracted/zip/{name}")
+    assert m and m["student_id"] == "bob" and m["file_id"] == "06_profiling_exercises"
+
+
+@pytest.mark.parametrize(
+    "name", ["stu_01_03_mixed_precision_exercises.ipynb", "bob_06_my_profiling_exercises.ipynb"]
+)
+def test_an_id_with_underscores_or_another_notebook_is_skipped(name: str) -> None:
+    assert not re.match(assignments.LMS_FILENAME, f"/course/downloaded/ch03/extracted/{name}")
 
 
 # -- AlignSubmission: a submission laid onto the assignment's cells -------------------------

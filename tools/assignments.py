@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -50,18 +51,33 @@ DEFAULT_STUB = ["# YOUR CODE HERE", 'raise NotImplementedError("Write your solut
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 #: Seconds one cell may run when autograding before it is interrupted (and scores 0).
 CELL_TIMEOUT = 60
-#: How files from an LMS download are named: STUDENT_NN_topic_exercises.ipynb; "Copy of " (a
-#: Colab copy) and " (1)" (a browser's second download) are allowed around the notebook's name.
-LMS_FILENAME = (
-    r".*[\\/](?P<student_id>[A-Za-z0-9.@-]+)_(?:Copy[ _]of[ _])?"
-    r"(?P<file_id>\d\d_\w+?_exercises)(?:[ _-]*\(?\d+\)?)?\.ipynb$"
+#: The installed course's checkers, which the hidden prelude loads by this absolute path.
+GRADING = ROOT / "helpers" / "grading.py"
+
+
+def lms_filename(notebooks: list[str]) -> str:
+    """How files from an LMS download are named: STUDENT_NOTEBOOK.ipynb, NOTEBOOK one of
+    `notebooks` exactly; any number of "Copy of " (Colab copies) before it and one " (1)" (a
+    browser's second download) after it are allowed. STUDENT: letters, digits, '.', '@', '-'."""
+    names = "|".join(re.escape(n) for n in sorted(notebooks, key=len, reverse=True))
+    return (
+        r".*[\\/](?P<student_id>[A-Za-z0-9.@-]+)_(?:Copy[ _]of[ _])*"
+        rf"(?P<file_id>{names})(?:[ _-]*\(?\d+\)?)?\.ipynb$"
+    )
+
+
+#: The course's notebook names (the same in both editions), as zip_collect accepts them.
+LMS_FILENAME = lms_filename(
+    [p.stem for p in sorted((ROOT / "exercises").glob("*_exercises.ipynb"))]
 )
+#: What the grader puts in place of this in each test cell's prelude: a token, new each run.
+TOKEN = course_nbgrader.TOKEN_PLACEHOLDER
 PRELUDE = """\
 ### BEGIN HIDDEN TESTS
-# Autograding: the course's checker, fresh from its file, fails this cell on ❌ or ⏳
-import sys; [sys.modules.pop(m) for m in list(sys.modules) if m.split(".")[0] == "helpers"]
-from helpers.grading import strict_checker
-{checker} = strict_checker({module!r}, {checker!r}, {language!r})
+# Autograding: the installed course's checker, loaded by its path, fails this cell on ❌ or ⏳
+import importlib.util as _u; _s = _u.spec_from_file_location("course_grading", {grading!r})
+_g = _u.module_from_spec(_s); _s.loader.exec_module(_g)
+{checker} = _g.strict_checker({module!r}, {checker!r}, {language!r}, {token!r})
 ### END HIDDEN TESTS"""
 
 
@@ -197,7 +213,13 @@ def source_notebook(solution: Path, exercise: Path, language: str) -> nbformat.N
                 raise AssignmentError(f"{where}: {checker} is not imported from helpers.checks")
             number += 1
             name = f"ex{number}_{checker.removeprefix('check_')}"
-            prelude = PRELUDE.format(checker=checker, module=modules[checker], language=language)
+            prelude = PRELUDE.format(
+                checker=checker,
+                module=modules[checker],
+                language=language,
+                grading=str(GRADING),
+                token=TOKEN,
+            )
             cell.source = f"{prelude}\n{cell.source}"
             cell.metadata["nbgrader"] = _metadata(name, points=POINTS.get(checker, DEFAULT_POINTS))
             for answer in answers:
@@ -251,6 +273,14 @@ c.Autograde.autograde_preprocessors = [
 # next cells still run.
 c.Execute.timeout = {CELL_TIMEOUT}
 c.Execute.interrupt_on_timeout = True
+# At most this many kernel restarts, and seconds, per submission; the cells after: not run, 0.
+c.RecoveringExecute.max_restarts = 2
+c.RecoveringExecute.time_budget = 900
+# No tag a student can add skips a cell (nbclient skips cells tagged "skip-execution").
+c.Execute.skip_cells_with_tag = {"course-never-skips-" + secrets.token_hex(8)!r}
+# The installed course whose checkers grade (the hidden preludes load them by path); autograde
+# stops if a submission changes its helpers/ files.
+c.CourseInstall.helpers_dir = {str(GRADING.parent)!r}
 # Files from an LMS download (nbgrader zip_collect): STUDENT_NN_topic_exercises.ipynb
 c.FileNameCollectorPlugin.named_regexp = {LMS_FILENAME!r}
 # nbgrader export: one row per student, assignment and exercise
@@ -295,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     written = write_course(args.out, args.only, tuple(args.languages))
     print(f"{args.out}: {len(written)} assignments ({', '.join(written)})")
-    print(f"next: cd {args.out} && nbgrader generate_assignment {written[0]}")
+    print(
+        f"next: source .venv/bin/activate && cd {args.out} "
+        f"&& nbgrader generate_assignment {written[0]}"
+    )
     return 0
 
 
