@@ -54,9 +54,8 @@ def result(median: float, spread: float = 0.01, machine: MachineState = QUIET) -
     return BenchResult("", median, median * spread, [median] * 5, 1, 1, "cpu", "stub", machine)
 
 
-@pytest.fixture
-def nb() -> SimpleNamespace:
-    """The notebook's verdict functions in a namespace whose print_table records the rows."""
+def chapter2_functions(path: Path, functions: list[str]) -> SimpleNamespace:
+    """`functions` of a chapter-2 notebook in a namespace whose print_table records the rows."""
     tables: list[list[dict]] = []
 
     def print_table(rows, columns=None) -> None:  # noqa: ANN001
@@ -78,8 +77,14 @@ def nb() -> SimpleNamespace:
         "device": torch.device("cpu"),
         "EPOCH_TIMING": {},
     }
-    found = notebook_functions(NOTEBOOK, FUNCTIONS, ns)
+    found = notebook_functions(path, functions, ns)
     return SimpleNamespace(ns=ns, tables=tables, found=found)
+
+
+@pytest.fixture
+def nb() -> SimpleNamespace:
+    """The notebook's verdict functions in a namespace whose print_table records the rows."""
+    return chapter2_functions(NOTEBOOK, FUNCTIONS)
 
 
 def need(nb: SimpleNamespace, *names: str) -> None:

@@ -13,19 +13,12 @@ import contextlib
 import io
 import math
 import os
-import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-from notebook_code import cell_containing, notebook_functions
-from test_ch02_verdicts import result
-
-from helpers.machine_state import merge_states
-from helpers.tables import print_table as real_print_table
-from helpers.units import format_bytes, format_seconds
-from helpers.verdicts import Verdict, compare_rows
+from notebook_code import cell_containing
+from test_ch02_verdicts import chapter2_functions, result
 
 ROOT = Path(__file__).resolve().parents[1]
 ZH02 = ROOT / "zh" / "notebooks" / "02_training_loop.ipynb"
@@ -44,28 +37,9 @@ FUNCTIONS = [
 @pytest.fixture
 def zh02(chinese) -> SimpleNamespace:  # noqa: ANN001
     """zh/'s chapter 2 functions, printing in Chinese; print_table records the rows it prints."""
-    tables: list[list[dict]] = []
-
-    def print_table(rows, columns=None) -> None:  # noqa: ANN001
-        tables.append([dict(r) for r in rows])
-        real_print_table(rows, columns)
-
-    ns = {
-        "print_table": print_table,
-        "compare_rows": compare_rows,
-        "merge_states": merge_states,
-        "format_seconds": format_seconds,
-        "format_bytes": format_bytes,
-        "math": math,
-        "statistics": statistics,
-        "torch": torch,
-        "Verdict": Verdict,
-        "device": torch.device("cpu"),
-        "EPOCH_TIMING": {},
-    }
-    found = notebook_functions(ZH02, FUNCTIONS, ns)
-    assert sorted(found) == sorted(FUNCTIONS), found
-    return SimpleNamespace(ns=ns, tables=tables)
+    found = chapter2_functions(ZH02, FUNCTIONS)
+    assert sorted(found.found) == sorted(FUNCTIONS), found.found
+    return found
 
 
 def table_and_verdict(out: str) -> tuple[str, str]:
