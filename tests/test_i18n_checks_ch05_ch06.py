@@ -43,7 +43,7 @@ def test_unscaled_accumulation_is_explained_in_chinese(chinese, capsys) -> None:
     result = ch05.check_accumulate_gradients(accumulate_without_scaling)
     out = capsys.readouterr().out
     assert result.status == FAIL and CJK.search(out), out
-    assert out.startswith("❌ 练习 2：梯度累积（gradient accumulation）："), out
+    assert out.startswith("❌ 练习 2：梯度累积："), out
     # 64 samples in micro-batches of 16: four unscaled means, 4x the whole batch's gradient
     assert "对 64 个样本、每个微批次 16 个，你的梯度是整个批次梯度的 4 倍。" in out, out
     assert (
