@@ -10,10 +10,7 @@ answers everything right still gets full marks; one who submitted nothing is in 
 from __future__ import annotations
 
 import csv
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,9 +20,9 @@ import pytest
 pytest.importorskip("nbgrader", reason="the teaching extra: pip install -e .[teach]")
 
 import assignments  # noqa: E402 - tools/, after the skip
+from test_nbgrader_e2e import nbgrader, run_nbgrader  # noqa: E402 - the same runner
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 NOTEBOOK = "01_devices_exercises"
 
 META_PATH = """import sys as _s
@@ -81,29 +78,6 @@ SHADOW_FILES = {
     "helpers/__init__.py": "",
     "helpers/grading.py": "def strict_checker(*a, **k):\n    return None\n",
 }
-
-
-def env() -> dict[str, str]:
-    """nbgrader's environment: this venv first (nbgrader runs `alembic`), one thread."""
-    out = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    out["PATH"] = f"{BIN}{os.pathsep}{out.get('PATH', '')}"
-    out.pop("PYTHONPATH", None)  # the README's setup: the course comes from the venv
-    return out
-
-
-def nbgrader(*args: str, cwd: Path, check: bool = True) -> tuple[int, str]:
-    """Run `nbgrader ARGS` in `cwd`: its exit status and log."""
-    run = subprocess.run(
-        [str(BIN / "nbgrader"), *args],
-        cwd=cwd,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    log = run.stdout + run.stderr
-    assert not check or run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{log[-6000:]}"
-    return run.returncode, log
 
 
 def with_cell(nb: nbformat.NotebookNode, code: str) -> nbformat.NotebookNode:
@@ -202,7 +176,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 (folder / name).write_text(text, encoding="utf-8")
         nbgrader("db", "student", "add", "ghost", cwd=course)
         start = time.perf_counter()
-        rc, log = nbgrader("autograde", "ch01", "--Execute.timeout=20", cwd=course, check=False)
+        rc, log = run_nbgrader("autograde", "ch01", "--Execute.timeout=20", cwd=course, timeout=600)
         seconds = time.perf_counter() - start
         nbgrader("export", "--to=grades.csv", cwd=course)
     (base / "autograde.log").write_text(log, encoding="utf-8")

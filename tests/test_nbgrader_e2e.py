@@ -111,11 +111,12 @@ def env() -> dict[str, str]:
     """The environment of every nbgrader command: this venv first (nbgrader runs `alembic`)."""
     out = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     out["PATH"] = f"{BIN}{os.pathsep}{out.get('PATH', '')}"
+    out.pop("PYTHONPATH", None)  # the README's setup: the course comes from the venv
     return out
 
 
-def nbgrader(*args: str, cwd: Path, timeout: float = 300) -> str:
-    """Run `nbgrader ARGS` in `cwd`; its log (nbgrader logs to stderr). Fails on a non-zero exit."""
+def run_nbgrader(*args: str, cwd: Path, timeout: float = 300) -> tuple[int, str]:
+    """Run `nbgrader ARGS` in `cwd`: its exit status and log (nbgrader logs to stderr)."""
     run = subprocess.run(
         [str(BIN / "nbgrader"), *args],
         cwd=cwd,
@@ -124,8 +125,13 @@ def nbgrader(*args: str, cwd: Path, timeout: float = 300) -> str:
         text=True,
         timeout=timeout,
     )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{log[-6000:]}"
+    return run.returncode, run.stdout + run.stderr
+
+
+def nbgrader(*args: str, cwd: Path, timeout: float = 300) -> str:
+    """Run `nbgrader ARGS` in `cwd`; its log. Fails on a non-zero exit."""
+    returncode, log = run_nbgrader(*args, cwd=cwd, timeout=timeout)
+    assert returncode == 0, f"nbgrader {' '.join(args)} failed:\n{log[-6000:]}"
     return log
 
 
