@@ -35,6 +35,7 @@ class Verdict(str):
     b: str
     ratio: float  # how many times better row `a` was than row `b` (> 1: a was better)
     noise: float  # the two rows' relative spreads added
+    beyond: bool  # the gap (the row ahead over the row behind, minus 1) is larger than the noise
     conclusive: bool  # beyond the noise, on a quiet machine
     quiet: bool  # the machine was quiet (else the verdict says "inconclusive")
 
@@ -117,7 +118,9 @@ def compare_rows(
         noise = _number(ra, iqr) / va + _number(rb, iqr) / vb
     elif spread:
         noise = _number(ra, spread) + _number(rb, spread)
-    beyond = abs(ratio - 1) > noise
+    # the gap as the text prints it (the row ahead over the row behind), so the rule does not
+    # depend on which row is named first: 0.61x one way is 1.64x the other
+    beyond = max(ratio, 1 / ratio) - 1 > noise
     # a row's name as a table shows it: the catalogs' words where they have it (chapter 1)
     na, nb = (tr(label).format(tr(x) if isinstance(x, str) and x else x) for x in (a, b))
     if not beyond:  # the row ahead first, so the ratio reads as in a conclusive verdict
@@ -143,5 +146,5 @@ def compare_rows(
         )
     verdict = Verdict(tight_cjk(text))
     verdict.a, verdict.b, verdict.ratio, verdict.noise = str(a), str(b), ratio, noise
-    verdict.conclusive, verdict.quiet = beyond and quiet, quiet
+    verdict.conclusive, verdict.quiet, verdict.beyond = beyond and quiet, quiet, beyond
     return verdict

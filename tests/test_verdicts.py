@@ -91,6 +91,24 @@ def test_within_the_spreads_it_is_too_close_to_call() -> None:
     assert not verdict.conclusive
 
 
+def test_the_call_does_not_depend_on_which_row_is_named_first() -> None:
+    """A learner's find (issue 31, ch08): 1.64x against spreads of 41% was "too close to call"
+    when the slower row came first (abs(0.61 - 1) < 0.41) and conclusive the other way."""
+    rows = [
+        {"way": "flat", "ms": 10.0, "iqr": 2.05},  # 20.5% each: 41% together
+        {"way": "hooks", "ms": 16.4, "iqr": 16.4 * 0.205},
+    ]
+    one = compare_rows(rows, "way", "hooks", "flat", "ms", iqr="iqr")
+    other = compare_rows(rows, "way", "flat", "hooks", "ms", iqr="iqr")
+    assert one.conclusive and other.conclusive and one.beyond and other.beyond
+    assert printed_ratio(one) == printed_ratio(other) == 1.64
+    assert "flat was 1.64x faster than hooks" in one and "flat was 1.64x faster than hooks" in other
+    close = [dict(r, iqr=r["ms"] * 0.33) for r in rows]  # spreads 66% > the 64% gap
+    for a, b in (("hooks", "flat"), ("flat", "hooks")):
+        v = compare_rows(close, "way", a, b, "ms", iqr="iqr")
+        assert not v.beyond and "flat vs hooks: too close to call (the first ahead by 1.64x" in v
+
+
 def test_a_shared_gpu_gives_no_conclusion() -> None:
     busy = MachineState("cuda:0", 6, 6, 16, 2.0, GpuTenants(1, 2**30))
     rows = table({"fp32": 5.169, "tf32": 0.75})
