@@ -232,7 +232,7 @@ def rate_unit(device: torch.device) -> tuple[str, float]:
 def check_against_float64(plan: SweepPlan, fn: Callable[..., torch.Tensor], t: int = 200) -> float:
     """fn's largest output error against float64 over allowed_factor x plain PyTorch's in the plan's dtype (chapter 8).
 
-    At most 1 passes (helpers.attention_errors: the rule of FlashAttention's tests). The
+    At most 1 passes (helpers.attention_errors: the rule adapted from FlashAttention's tests). The
     default T = 200 is not a multiple of any tile the methods use.
     """
     g = torch.Generator().manual_seed(t)
@@ -414,8 +414,9 @@ def within(rows: Sequence[dict[str, Any]], a: str, b: str) -> float:
 
 # --- timed for training: forward, backward and both, Triton against SDPA (issue 31) -------------
 
-#: CS336's table: head sizes, and the dtypes the full table times (16-bit first; fp16 where
-#: the GPU has no native bf16).
+#: CS336's table's head sizes, and the dtypes the full table times (16-bit first; fp16 where
+#: the GPU has no native bf16). The course times them at batch 4 x 16 heads, T = 512-8192,
+#: against SDPA's kernels; CS336's own table is batch 1, T up to 65536, against PyTorch.
 TRAINING_HEAD_DIMS = (16, 32, 64, 128)
 #: The passes timed, and their FLOPs in causal forwards: the backward's five T x T x d
 #: products against the forward's two (the convention FlashAttention reports by; the chapter's
@@ -453,7 +454,7 @@ class TrainingPlan(Printed):
 
 
 def training_plan(device: str | torch.device, lengths: Sequence[int] | None = None, full: bool = False) -> TrainingPlan:  # fmt: skip
-    """Triton vs each SDPA kernel on a CUDA GPU: by default forward+backward at d = 64, 16-bit; full: CS336's table (chapter 8).
+    """Triton vs each SDPA kernel on a CUDA GPU: by default forward+backward at d = 64, 16-bit; full: CS336's head sizes, dtypes and passes (chapter 8).
 
     Full: head_dim 16-128, T = 512-8192 (or `lengths`), 16-bit and float32, forward, backward
     and both. Anywhere else no shape: the notes say why (the interpreter's speed means nothing).

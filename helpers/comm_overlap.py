@@ -12,7 +12,8 @@ library only, nothing that draws. A *span* is ``(start, end)`` in seconds on one
   vector is cut among ranks;
 - ``ring_wire_bytes``, ``fit_alpha_beta``, ``bucket_wait``, ``sweep_caps``: bytes a rank puts
   on the wire, the alpha-beta cost of an all-reduce, the wait it predicts after backward for a
-  bucket size, and the bucket sizes to sweep;
+  bucket size, and the bucket sizes to sweep; ``pipeline_wait`` and ``model_bucket_size``: that
+  wait in closed form and the bucket size that minimises it;
 - ``collective(name)``: the one-tensor collective under the name the installed torch
   recommends (torch 2.13 renamed two of them and deprecated the old names);
 - ``labelled(name, device)``: one range that the PyTorch profiler records and, on CUDA, Nsight
@@ -23,6 +24,7 @@ library only, nothing that draws. A *span* is ``(start, end)`` in seconds on one
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -206,6 +208,53 @@ def bucket_wait(
         ready += n * per_byte
         done = max(done, ready) + alpha + n * beta
     return max(done - backward_s, 0.0)
+
+
+def pipeline_wait(
+    bucket: float, total: float, alpha: float, beta: float, backward_s: float
+) -> float:
+    """bucket_wait in closed form: `total` bytes produced evenly over `backward_s`, buckets of `bucket` bytes (chapter 8).
+
+    The total / s buckets go out in order, one at a time, alpha + s beta each. Either each
+    bucket is done before the next one is full, and only the last one is exposed:
+    alpha + s beta; or communication is the bottleneck, and the calls run back to back from the
+    moment the first bucket is full (s B / G) to s B / G + (G / s)(alpha + s beta). The wait
+    after backward is the larger: max(alpha + s beta, s B / G + G alpha / s + G beta - B).
+    """
+    if bucket <= 0 or total <= 0:
+        raise ValueError(
+            tr("Bucket and total are byte counts > 0, got {bucket} and {total}.").format(
+                bucket=bucket, total=total
+            )
+        )
+    last = alpha + bucket * beta
+    queued = bucket * backward_s / total + total * alpha / bucket + total * beta - backward_s
+    return max(last, queued)
+
+
+def model_bucket_size(
+    total: float, alpha: float, beta: float, backward_s: float
+) -> tuple[float, str]:
+    """The bucket size (bytes) that minimises pipeline_wait, and the rule that gave it (chapter 8).
+
+    Where communication is the bottleneck, the wait's terms that depend on s are the first
+    bucket's fill time s B / G and the calls' G alpha / s: their sum is smallest at
+    s* = G sqrt(alpha / B). Where communication can keep up (beta G < B), the smallest bucket
+    that does, s = G alpha / (B - beta G), is where the two branches of the wait cross, and it
+    leaves only its own alpha + s beta exposed. Each candidate is kept within 1..G bytes; the one
+    with the smaller wait wins (G sqrt(alpha / B) on a tie).
+    """
+    root = total * math.sqrt(alpha / backward_s) if backward_s > 0 else math.inf
+    candidates = [(root, "s* = G sqrt(alpha / B)")]
+    if beta * total < backward_s:
+        keep_up = total * alpha / (backward_s - beta * total)
+        candidates.append((keep_up, "s = G alpha / (B - beta G)"))
+
+    def wait(candidate: tuple[float, str]) -> float:
+        bucket = min(max(candidate[0], 1.0), float(total))  # 1 byte to one bucket for all
+        return pipeline_wait(bucket, total, alpha, beta, backward_s)
+
+    return min(candidates, key=wait)
 
 
 def sweep_caps(sizes: Sequence[int], multiples: Sequence[int] = (1, 2, 3, 4)) -> list[int]:

@@ -21,13 +21,16 @@ from helpers.comm_overlap import (
     bucket_wait,
     fit_alpha_beta,
     hidden_communication,
+    model_bucket_size,
     plan_buckets,
     ring_wire_bytes,
     trace_spans,
 )
 from helpers.i18n import tr, tr_mark
+from helpers.machine_state import MachineState
 from helpers.sharding import RESIZED
 from helpers.units import MiB, format_bytes
+from helpers.verdicts import compare_rows
 
 #: How each way appears in the tables, in the order the chapter introduces them (the rows' "way",
 #: which the notebook's verdicts name: kept as they are; the plot translates them).
@@ -42,12 +45,17 @@ WAY_NAMES = {
 _COLUMNS = (
     tr_mark("way"), tr_mark("max |grad - DDP|"), tr_mark("within the bound"),
     tr_mark("same on every rank"), tr_mark("step ms"),
-    tr_mark("saving vs (b) ms"), tr_mark("backward ms"), tr_mark("stretch ms"),
+    tr_mark("saving vs (b) ms"), tr_mark("backward ms"), tr_mark("backward IQR ms"),
+    tr_mark("stretch ms"),
     tr_mark("all-reduce calls"), tr_mark("to all-reduce MiB"), tr_mark("on the wire MiB/rank"),
     tr_mark("buffer"), tr_mark("median ms"),
     tr_mark("on the wire/rank"), tr_mark("cap MiB"), tr_mark("buckets"),
-    tr_mark("measured wait ms"), tr_mark("model wait ms"),
+    tr_mark("measured wait ms"), tr_mark("model wait ms"), tr_mark("note"),
 )  # fmt: skip
+#: The sweep's last row: the gradients' total as the cap, so one bucket sent as backward ends.
+ONE_BUCKET = tr_mark("one bucket for all")
+#: A swept cap's name in the sweep's verdicts (compare_rows formats the row's "cap MiB" with it).
+CAP_LABEL = tr_mark("cap {:.2f} MiB")
 #: What the profiler calls an all-reduce on its timeline: gloo's thread on CPU, NCCL's kernels on GPU.
 TRACE_COMM = ("gloo:all_reduce", "nccl")
 
@@ -71,13 +79,23 @@ def backward_ms(result: dict[str, Any], way: str) -> float:
     return 1e3 * _median(result["ways"][way]["instrumented"], "backward s")
 
 
+def backward_iqr_ms(result: dict[str, Any], way: str) -> float:
+    """The IQR of those milliseconds over the instrumented steps; 0 with one step (chapter 8)."""
+    times = [s["backward s"] for s in result["ways"][way]["instrumented"]]
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4)  # as the script's step-time IQR
+    return 1e3 * (q3 - q1)
+
+
 def timing_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per way: step time, its saving against (b), backward's stretch, calls, bytes handed and on the wire (chapter 8).
 
     (b), one flat all-reduce after backward, is the base: the same bytes in one call, nothing
     in flight while backward runs. "saving" is (b)'s step time minus the way's; "stretch" is
     how much longer the way's backward took than (b)'s, the price of sharing the cores (CPU)
-    or the SMs and memory bandwidth (GPU) with communication.
+    or the SMs and memory bandwidth (GPU) with communication; "backward IQR" is the spread of
+    the way's backward over the instrumented steps, what a stretch must exceed to say anything.
     """
     world, flat = result["world_size"], result["ways"]["flat"]
     rows = []
@@ -89,6 +107,7 @@ def timing_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "IQR ms": data["step IQR s"] * 1e3,
                 "saving vs (b) ms": (flat["step median s"] - data["step median s"]) * 1e3,
                 "backward ms": backward_ms(result, way),
+                "backward IQR ms": backward_iqr_ms(result, way),
                 "stretch ms": backward_ms(result, way) - backward_ms(result, "flat"),
                 "all-reduce calls": data["calls per step"],
                 "to all-reduce MiB": data["bytes per step"] / MiB,
@@ -117,9 +136,11 @@ def allreduce_fit(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[st
     fit["outside the spread"] = misses
     # repeats that spread as wide as their median test no line: scheduling noise, not the links
     fit["too spread"] = [p["bytes"] for p in points if p["step IQR s"] >= p["step median s"]]
-    fit["fits"] = (
-        fit["alpha s"] >= 0 and fit["beta s/B"] > 0 and not misses and not fit["too spread"]
-    )
+    fit["sizes"] = len(points)
+    # a fixed cost and a cost per byte: what the bucket model needs to predict anything
+    fit["usable"] = usable(fit)
+    # the strict test: the line describes the times, within every size's spread
+    fit["fits"] = fit["usable"] and not misses and not fit["too spread"]
     rows = [
         {
             "buffer": format_bytes(p["bytes"]),
@@ -147,45 +168,70 @@ def fit_line(fit: dict[str, Any], world: int) -> str:
     said += tr("; largest gap between a measured time and the line: {gap:.0%}").format(
         gap=fit["worst gap"]
     )
-    misses, spread = fit.get("outside the spread", []), fit.get("too spread", [])
     if fit.get("fits"):
         return said + tr(
             "; the line passes within every size's spread (IQR): the model describes this machine"
         )
+    if not usable(fit):
+        if fit["beta s/B"] <= 0:
+            why = tr("a negative cost is no cost: the times do not grow with the size here")
+        else:
+            why = tr(
+                "a negative fixed cost per call is no cost: the line passes below zero at n = 0"
+            )
+        return said + tr(
+            "; {why}: t = alpha + n beta does not describe this machine today, no prediction"
+        ).format(why=why)
+    reasons = []
+    misses, spread = fit.get("outside the spread", []), fit.get("too spread", [])
     if misses:
-        n, gap, iqr = max(misses, key=lambda m: m[1] - m[2])
-        why = tr(
-            "the line misses {misses} of the sizes by more than their repeats' spread "
-            "(worst {size}: {gap:.3g} ms off, IQR {iqr:.3g} ms)"
-        ).format(misses=len(misses), size=format_bytes(n), gap=gap * 1e3, iqr=iqr * 1e3)
-    elif spread:
+        which = ", ".join(
+            tr("{size} by {gap:.3g} ms (IQR {iqr:.3g} ms)").format(
+                size=format_bytes(n), gap=gap * 1e3, iqr=iqr * 1e3
+            )
+            for n, gap, iqr in misses
+        )
+        reasons.append(
+            tr(
+                "the line misses {misses} of the {sizes} sizes by more than their repeats' "
+                "spread: {which}"
+            ).format(misses=len(misses), sizes=fit.get("sizes", len(misses)), which=which)
+        )
+    if spread:
         sizes = ", ".join(format_bytes(n) for n in spread)
-        why = tr(
-            "the repeats at {sizes} spread (IQR) as wide as their median: too noisy to test a line"
-        ).format(sizes=sizes)
-    else:
-        why = tr("a negative cost is no cost: the times do not grow with the size here")
+        reasons.append(
+            tr(
+                "the repeats at {sizes} spread (IQR) as wide as their median: too noisy to test "
+                "a line"
+            ).format(sizes=sizes)
+        )
     return said + tr(
-        "; {why}: t = alpha + n beta does not describe this machine today, no prediction"
-    ).format(why=why)
+        "; {why}: the model's bucket below is a rough guide only, the measured sweep is the judge"
+    ).format(why="; ".join(reasons))
+
+
+def usable(fit: dict[str, Any]) -> bool:
+    """Whether a fit can predict a bucket at all: a fixed cost alpha >= 0, a cost per byte beta > 0 (chapter 8)."""
+    return fit["alpha s"] >= 0 and fit["beta s/B"] > 0
 
 
 def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] | None:
-    """The bucket size the alpha-beta model derives for G gradient bytes produced over backward time B; None if it does not fit (chapter 8).
+    """The bucket size the alpha-beta model derives for G gradient bytes produced over backward time B; None if the fit is not usable (chapter 8).
 
-    Communication keeps up with backward when beta G < B: the smallest bucket that does,
-    s = G alpha / (B - beta G), leaves only the last bucket's alpha + s beta exposed. Otherwise
-    communication is the bottleneck, and s* = sqrt(G alpha / beta) balances the calls' alpha
-    (G / s of them) against the last bucket's s beta.
+    Buckets of s bytes, G / s of them, all-reduced in order one at a time (alpha + s beta
+    each), leave a wait after backward of max(alpha + s beta, s B / G + G alpha / s + G beta - B)
+    (helpers.comm_overlap.pipeline_wait). Where communication is the bottleneck, the first
+    bucket's fill time s B / G and the calls' G alpha / s trade off: s* = G sqrt(alpha / B).
+    Where it can keep up (beta G < B), s = G alpha / (B - beta G), the smallest bucket that
+    does, leaves only its own alpha + s beta exposed. The candidate with the smaller wait wins
+    (model_bucket_size). Predicted wherever the fit is usable (alpha >= 0, beta > 0); where the
+    line also misses the measured times, "line fits" is False and the prediction a rough guide.
     """
-    if not fit.get("fits"):
+    if not usable(fit):
         return None
     sizes, alpha, beta = result["backward order bytes"], fit["alpha s"], fit["beta s/B"]
     g, b = sum(sizes), backward_ms(result, "flat") / 1e3
-    if beta * g < b:
-        size, rule = g * alpha / (b - beta * g), "s = G alpha / (B - beta G)"
-    else:
-        size, rule = math.sqrt(g * alpha / beta), "s* = sqrt(G alpha / beta)"
+    size, rule = model_bucket_size(g, alpha, beta, b)
     cap = min(max(1, math.ceil(size)), g)
     return {
         "bytes": size,
@@ -195,18 +241,21 @@ def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] 
         "G bytes": g,
         "B s": b,
         "wait s": bucket_wait(sizes, cap, alpha, beta, b),
+        "line fits": bool(fit.get("fits")),
     }
 
 
 def bucket_rows(result: dict[str, Any], fit: dict[str, Any]) -> list[dict[str, Any]]:
     """The bucket-size sweep: each cap's buckets, step time, measured wait after backward, and the model's (chapter 8).
 
-    The model's backward is (b)'s, which has nothing in flight while backward runs; no model
-    column where the line does not describe the measured times.
+    The model's backward is (b)'s, which has nothing in flight while backward runs; a model
+    column wherever the fit is usable (alpha >= 0, beta > 0), even where the line misses the
+    times (fit_line says so). The last cap is the gradients' total: one bucket, its note says.
     """
     sizes, backward = result["backward order bytes"], backward_ms(result, "flat") / 1e3
     rows = []
-    for r in result["bucket sweep"]:
+    last = len(result["bucket sweep"]) - 1
+    for i, r in enumerate(result["bucket sweep"]):
         row = {
             "cap MiB": r["cap bytes"] / MiB,
             "buckets": r["buckets"],
@@ -214,19 +263,40 @@ def bucket_rows(result: dict[str, Any], fit: dict[str, Any]) -> list[dict[str, A
             "IQR ms": r["step IQR s"] * 1e3,
             "measured wait ms": r["wait median s"] * 1e3,
         }
-        if fit.get("fits"):
+        if usable(fit):
             wait = bucket_wait(sizes, r["cap bytes"], fit["alpha s"], fit["beta s/B"], backward)
             row["model wait ms"] = wait * 1e3
+        row["note"] = ONE_BUCKET if i == last and r["cap bytes"] >= sum(sizes) else ""
         rows.append(row)
     return rows
 
 
-def predicted_vs_best(rows: list[dict[str, Any]], model: dict[str, Any] | None) -> str:
-    """The bucket the model derives against the cap measured fastest, and whether they differ beyond the spreads (chapter 8)."""
-    best = min(rows, key=lambda r: r["step ms"])
+def predicted_vs_best(
+    rows: list[dict[str, Any]],
+    model: dict[str, Any] | None,
+    machine: MachineState | list[MachineState] | None = None,
+) -> str:
+    """The cap measured fastest against the runner-up, and the bucket the model derives against it, each a compare_rows verdict (chapter 8).
+
+    `machine`: the state of the machine over the sweep (a busy one makes every verdict
+    inconclusive), as compare_rows takes it.
+    """
+    ranked = sorted(rows, key=lambda r: r["step ms"])
+    best = ranked[0]
+
+    def verdict(other: dict[str, Any]) -> str:
+        return compare_rows(
+            rows, "cap MiB", best["cap MiB"], other["cap MiB"], "step ms", iqr="IQR ms",
+            label=CAP_LABEL, machine=machine,
+        )  # fmt: skip
+
     measured = tr(
         "best measured: cap {cap:.2f} MiB ({buckets} bucket(s), {ms:.2f} ms/step)"
     ).format(cap=best["cap MiB"], buckets=best["buckets"], ms=best["step ms"])
+    if len(ranked) > 1:
+        measured += tr("; against the runner-up, cap {cap:.2f} MiB: {verdict}").format(
+            cap=ranked[1]["cap MiB"], verdict=verdict(ranked[1])
+        )
     if model is None:
         return measured + tr("; no model to compare")
     mib = model["cap bytes"] / MiB
@@ -240,19 +310,19 @@ def predicted_vs_best(rows: list[dict[str, Any]], model: dict[str, Any] | None) 
     )  # fmt: skip
     near = min(rows, key=lambda r: abs(math.log(r["cap MiB"] / mib)))
     if near is best:
-        return said + tr(": the swept cap nearest the model's is the best")
-    gap, noise = near["step ms"] - best["step ms"], near["IQR ms"] + best["IQR ms"]
-    if gap <= noise:
-        text = tr(
-            "; the swept cap nearest the model's ({cap:.2f} MiB) is {gap:.2f} ms slower, within "
-            "the spreads ({noise:.2f} ms): too close to call"
-        )
+        said += tr("; the swept cap nearest the model's is the best")
+    elif near is ranked[1]:
+        said += tr("; the swept cap nearest the model's is the runner-up")
     else:
-        text = tr(
-            "; the swept cap nearest the model's ({cap:.2f} MiB) is {gap:.2f} ms slower, beyond "
-            "the spreads ({noise:.2f} ms)"
+        said += tr(
+            "; the swept cap nearest the model's, {cap:.2f} MiB, against the best: {verdict}"
+        ).format(cap=near["cap MiB"], verdict=verdict(near))
+    if not model.get("line fits", True):
+        said += tr(
+            "; the line missed the measured all-reduce times: the model is a rough guide, the "
+            "sweep is the judge"
         )
-    return said + text.format(cap=near["cap MiB"], gap=gap, noise=noise)
+    return said
 
 
 def ddp_bucket_line(result: dict[str, Any]) -> str:
@@ -331,9 +401,9 @@ def gpu_kernel_spans(trace: dict[str, Any]) -> tuple[list, list]:
 def trace_overlap(path: str | Path) -> dict[str, Any]:
     """The labelled ranges of a profiler trace and how much all-reduce time compute hid (chapter 8).
 
-    On a CPU the all-reduces are gloo's spans on its own thread, and compute is the backward
-    range; on a GPU both come from the GPU's timeline: NCCL kernels against the other kernels
-    (a CPU range ends long before the kernels it launched).
+    On a CPU the all-reduces are gloo's spans on its worker threads (two by default), and
+    compute is the backward range; on a GPU both come from the GPU's timeline: NCCL kernels
+    against the other kernels (a CPU range ends long before the kernels it launched).
     """
     trace = json.loads(Path(path).read_text(encoding="utf-8"))
     labels = ("step", "forward", "backward", "communication wait", "optimizer step")

@@ -236,12 +236,13 @@ def zero_formulas(
 
 
 #: The formulas of zero_formulas in the ZeRO paper's notation: Ψ parameters, N ranks, K bytes of
-#: optimizer state per parameter, 2 bytes per fp16 parameter and gradient.
+#: optimizer state per parameter, p and g bytes per parameter and gradient (the paper's mixed
+#: precision: p = g = 2, K = 12, its "2Ψ + 2Ψ + KΨ/N"; the chapter's fp32 Adam: 4, 4 and 8).
 ZERO_FORMULAS = {
-    "DDP": "(2 + 2 + K) Ψ",
-    "ZeRO-1": "2Ψ + 2Ψ + KΨ/N",
-    "ZeRO-2": "2Ψ + (2 + K)Ψ/N",
-    "ZeRO-3 / FSDP": "(2 + 2 + K)Ψ/N",
+    "DDP": "(p + g + K)Ψ",
+    "ZeRO-1": "(p + g)Ψ + KΨ/N",
+    "ZeRO-2": "pΨ + (g + K)Ψ/N",
+    "ZeRO-3 / FSDP": "(p + g + K)Ψ/N",
 }
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import statistics
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from helpers import comm_overlap as co
 from helpers import dp_by_hand as dbh
 from helpers.launch import launch, one_launch_args, read_results, script_source
-from helpers.machine_state import machine_state
+from helpers.machine_state import GpuTenants, MachineState, machine_state
 from helpers.scripts import one_launch
 from helpers.scripts import zero1_by_hand as zbh
 from helpers.scripts.common import READY_MARKER
@@ -237,6 +239,8 @@ def test_timing_rows_and_their_verdicts() -> None:
     assert rows[0]["step ms"] == pytest.approx(10.0)
     assert rows[0]["saving vs (b) ms"] == pytest.approx(2.0)  # (b) took 12 ms
     assert rows[0]["stretch ms"] == pytest.approx(1.0)  # backward 4 ms against (b)'s 3 ms
+    assert rows[0]["backward IQR ms"] == 0.0  # one instrumented step: no spread
+    assert list(rows[0])[4:7] == ["backward ms", "backward IQR ms", "stretch ms"]
     by = {r["way"]: r for r in rows}
     assert by["(b) one flat all-reduce"]["saving vs (b) ms"] == 0.0
     assert rows[0]["to all-reduce MiB"] == pytest.approx(12 / 2**20)
@@ -248,10 +252,25 @@ def test_timing_rows_and_their_verdicts() -> None:
     assert ("met)" if state.quiet else "not judged") in lines[0]
     assert "too close to call" in lines[1] or "inconclusive" in lines[1]
     assert lines[3] == (
-        "(c) overlapped hooks: 2.00 ms a step saved against (b) (negative: lost); "
-        "its backward stretched 1.00 ms"
+        "(c) overlapped hooks: saved 2.00 ms a step against (b); its backward stretched 1.00 ms"
     )
     assert "(b) one flat all-reduce" in lines[4] and "(c) overlapped hooks" in lines[4]
+    slower = [dict(r, **{"saving vs (b) ms": -3.0}) for r in rows]  # a way that lost time
+    assert bench.target_lines(slower, state, 2, "gloo")[3].startswith(
+        "(c) overlapped hooks: lost 3.00 ms a step against (b);"
+    )
+
+
+def test_timing_rows_give_backward_its_spread_over_the_instrumented_steps() -> None:
+    result = synthetic_result()
+    step = result["ways"]["overlap"]["instrumented"][0]
+    times = [0.004, 0.005, 0.006, 0.010, 0.003]  # a busy machine: one slow step
+    result["ways"]["overlap"]["instrumented"] = [{**step, "backward s": t} for t in times]
+    by = {r["way"]: r for r in dbh.timing_rows(result)}
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    assert by["(c) overlapped hooks"]["backward ms"] == pytest.approx(5.0)
+    assert by["(c) overlapped hooks"]["backward IQR ms"] == pytest.approx(1e3 * (q3 - q1))
+    assert by["(c) overlapped hooks"]["stretch ms"] == pytest.approx(2.0)  # against (b)'s 3 ms
 
 
 def test_ring_wire_bytes() -> None:
@@ -309,18 +328,20 @@ def test_the_alpha_beta_fit_and_the_bucket_sweep_tables() -> None:
     assert waits[-1] == pytest.approx(
         0.1 + 4 * 2**20 * 1e-6
     )  # one bucket: all of it after backward
+    assert [r["note"] for r in sweep] == ["", "", "one bucket for all"]  # the last cap: G
     # G = 4 MiB over B = 3 ms, beta G = 4.19 ms > B: communication is the bottleneck
     model = dbh.model_bucket(result, fit)
     g = 4 * 2**20
-    assert model["rule"] == "s* = sqrt(G alpha / beta)"
-    assert model["bytes"] == pytest.approx((g * 1e-4 / 1e-9) ** 0.5)
+    assert model["rule"] == "s* = G sqrt(alpha / B)" and model["line fits"]
+    assert model["bytes"] == pytest.approx(g * (1e-4 / 3e-3) ** 0.5)
     verdict = dbh.predicted_vs_best(sweep, model)
-    assert verdict.startswith("model: s* = sqrt(G alpha / beta) = 0.618 MiB (G = 4 MiB, B = 3 ms)")
+    assert verdict.startswith("model: s* = G sqrt(alpha / B) = 0.73 MiB (G = 4 MiB, B = 3 ms)")
     assert "best measured: cap 2.00 MiB (2 bucket(s), 9.00 ms/step)" in verdict
     assert (
-        "the swept cap nearest the model's (1.00 MiB) is 1.00 ms slower, beyond the spreads"
-        in verdict
-    )
+        "; against the runner-up, cap 1.00 MiB: here, cap 2.00 MiB was 1.11x faster than "
+        "cap 1.00 MiB; the swept cap nearest the model's is the runner-up"
+    ) in verdict
+    assert "rough guide" not in verdict
     # a backward long enough to hide it all: the smallest bucket that keeps up
     slow = synthetic_result()
     slow["ways"]["flat"]["instrumented"] = [{**slow["ways"]["flat"]["instrumented"][0], "backward s": 0.1}]  # fmt: skip
@@ -329,24 +350,55 @@ def test_the_alpha_beta_fit_and_the_bucket_sweep_tables() -> None:
     assert keep_up["bytes"] == pytest.approx(g * 1e-4 / (0.1 - 1e-9 * g))
 
 
-def test_a_line_outside_the_spread_predicts_nothing() -> None:
+def test_a_line_outside_the_spread_still_predicts_as_a_rough_guide() -> None:
     result = synthetic_result()
     result["allreduce"][0]["step median s"] = 1e-3  # 4 KiB ten times slower than the line
     rows, fit = dbh.allreduce_fit(result)
-    assert not fit["fits"] and fit["outside the spread"]
+    assert fit["usable"] and not fit["fits"] and len(fit["outside the spread"]) == 4
     line = dbh.fit_line(fit, 2)
-    assert "does not describe this machine today, no prediction" in line
-    assert "by more than their repeats' spread" in line
+    assert "the line misses 4 of the 4 sizes by more than their repeats' spread: " in line
+    assert "4.00 KiB by 0.869 ms (IQR 0.01 ms), 64.00 KiB by 0.0245 ms (IQR 0.01 ms)" in line
+    assert line.endswith(
+        ": the model's bucket below is a rough guide only, the measured sweep is the judge"
+    )
+    assert "no prediction" not in line
     sweep = dbh.bucket_rows(result, fit)
-    assert "model wait ms" not in sweep[0] and dbh.model_bucket(result, fit) is None
-    assert dbh.predicted_vs_best(sweep, None).endswith("no model to compare")
+    model = dbh.model_bucket(result, fit)
+    assert "model wait ms" in sweep[0] and model is not None and not model["line fits"]
+    assert dbh.predicted_vs_best(sweep, model).endswith(
+        "; the line missed the measured all-reduce times: the model is a rough guide, the sweep "
+        "is the judge"
+    )
     noisy = synthetic_result()
     for point in noisy["allreduce"]:
         point["step IQR s"] = 2 * point["step median s"]  # a loaded machine: no line to test
     _, noisy_fit = dbh.allreduce_fit(noisy)
-    assert not noisy_fit["fits"] and "too noisy to test a line" in dbh.fit_line(noisy_fit, 2)
+    assert noisy_fit["usable"] and not noisy_fit["fits"]
+    said = dbh.fit_line(noisy_fit, 2)
+    assert "too noisy to test a line" in said and "rough guide" in said
+    assert dbh.model_bucket(noisy, noisy_fit) is not None
+
+
+def test_a_negative_cost_predicts_nothing() -> None:
+    result = synthetic_result()
+    result["allreduce"] = [  # t = -50 µs + 1 ns per byte: below zero at n = 0
+        {"bytes": n, "step median s": n * 1e-9 - 5e-5, "step IQR s": 1e-6}
+        for n in (65536, 2**20, 4 * 2**20)
+    ]
+    _, fit = dbh.allreduce_fit(result)
     negative = {"alpha s": -1e-4, "beta s/B": 1e-9, "worst gap": 0.5, "fits": False}
-    assert "a negative cost is no cost" in dbh.fit_line(negative, 2)
+    flat = {"alpha s": 1e-4, "beta s/B": -1e-12, "worst gap": 0.5, "fits": False}
+    assert "a negative fixed cost per call is no cost" in dbh.fit_line(negative, 2)
+    assert "a negative cost is no cost: the times do not grow" in dbh.fit_line(flat, 2)
+    for bad in (negative, flat):
+        assert dbh.fit_line(bad, 2).endswith(
+            "t = alpha + n beta does not describe this machine today, no prediction"
+        )
+        sweep = dbh.bucket_rows(result, bad)
+        assert "model wait ms" not in sweep[0] and dbh.model_bucket(result, bad) is None
+        assert dbh.predicted_vs_best(sweep, None).endswith("no model to compare")
+    assert fit["alpha s"] == pytest.approx(-5e-5) and not fit["usable"] and not fit["fits"]
+    assert "model wait ms" not in dbh.bucket_rows(result, fit)[0]
     assert dbh.ddp_bucket_line(result) == (
         "DDP's all-reduces, first step: [0.00] MiB; after the rebuild: [0.00, 0.00] MiB"
     )
@@ -356,17 +408,131 @@ def test_a_line_outside_the_spread_predicts_nothing() -> None:
     )
 
 
+def bucket_case(grads: int, grad_bytes: int, alpha: float, beta: float, backward: float) -> tuple:
+    """(model_bucket's pick, the sizes, the fit) for `grads` equal gradients produced over `backward` s."""
+    sizes = [grad_bytes] * grads
+    result = {
+        "backward order bytes": sizes,
+        "ways": {"flat": {"instrumented": [{"backward s": backward}]}},
+    }
+    fit = {"alpha s": alpha, "beta s/B": beta, "fits": True, "usable": True}
+    return dbh.model_bucket(result, fit), sizes
+
+
+def simulated_best_caps(sizes: list[int], alpha: float, beta: float, backward: float) -> list[int]:
+    """The caps of a fine grid (G / 2000 apart) at which bucket_wait is smallest."""
+    total = sum(sizes)
+    grid = [total * k // 2000 for k in range(1, 2001)]
+    waits = [co.bucket_wait(sizes, c, alpha, beta, backward) for c in grid]
+    least = min(waits)
+    return [c for c, w in zip(grid, waits) if w <= least + 1e-12]
+
+
+#: (gradients, bytes each, alpha s, beta s/B, backward s): bottleneck cases (beta G >= B) first.
+BUCKET_CASES = [
+    (100, 10**6, 1e-3, 3e-9, 0.1),  # the review's: the simulator's best is ~10 MB
+    (100, 10**6, 1e-4, 1e-9, 0.05),
+    (4, 2**20, 1e-4, 1e-9, 3e-3),  # the synthetic result's G and B
+    (200, 250_000, 2e-4, 1e-9, 0.03),
+    (100, 10**6, 1e-4, 1e-10, 0.05),  # beta G < B from here: communication can keep up
+    (200, 250_000, 5e-5, 2e-10, 0.02),
+    (40, 100_000, 2e-4, 5e-10, 3e-3),
+    (50, 2 * 10**6, 1e-3, 1e-10, 0.5),
+    # it keeps up, only just: the calls' alpha outweighs the crossing, G sqrt(alpha / B) wins
+    (100, 10**6, 5e-4, 7e-11, 8e-3),
+    (100, 10**6, 1e-4, 9.5e-11, 0.01),
+]
+
+
+@pytest.mark.parametrize(("grads", "each", "alpha", "beta", "backward"), BUCKET_CASES)
+def test_the_model_bucket_is_where_the_simulated_wait_is_smallest(
+    grads: int, each: int, alpha: float, beta: float, backward: float
+) -> None:
+    """The closed form's pick is within one gradient of bucket_wait's best cap, in both regimes."""
+    model, sizes = bucket_case(grads, each, alpha, beta, backward)
+    best = simulated_best_caps(sizes, alpha, beta, backward)
+    assert min(abs(model["cap bytes"] - c) for c in best) <= each, (model, best[0], best[-1])
+    least = co.bucket_wait(sizes, best[0], alpha, beta, backward)
+    assert model["wait s"] <= least * 1.05 + 1e-9  # and its wait is the smallest, nearly
+    assert model["wait s"] == pytest.approx(co.bucket_wait(sizes, model["cap bytes"], alpha, beta, backward))  # fmt: skip
+    keeps_up = beta * grads * each < backward
+    assert model["rule"] in (
+        ("s* = G sqrt(alpha / B)", "s = G alpha / (B - beta G)") if keeps_up else ("s* = G sqrt(alpha / B)",)
+    )  # fmt: skip
+
+
+def test_the_review_case_is_g_sqrt_alpha_over_b_not_the_old_rule() -> None:
+    """alpha 1 ms, beta 3 ns/B, B 0.1 s, G 100 MB: s* = G sqrt(alpha / B) = 10 MB; the old
+    sqrt(G alpha / beta) = 5.8 MB is over three gradients from the simulator's best."""
+    model, sizes = bucket_case(100, 10**6, 1e-3, 3e-9, 0.1)
+    assert model["rule"] == "s* = G sqrt(alpha / B)"
+    assert model["bytes"] == pytest.approx(1e7) and model["buckets"] == 10
+    best = simulated_best_caps(sizes, 1e-3, 3e-9, 0.1)
+    assert best[-1] == 10**7 and best[0] > 9 * 10**6
+    old = math.sqrt(1e8 * 1e-3 / 3e-9)  # what the model said before
+    assert min(abs(old - c) for c in best) > 3 * 10**6
+
+
+def test_pipeline_wait_is_bucket_wait_in_closed_form() -> None:
+    """Where G / s is whole, the closed form is the simulator's wait; its two branches cross at
+    s = G alpha / (B - beta G) and at s = G."""
+    sizes, alpha, beta, backward = [10**6] * 100, 1e-3, 3e-9, 0.1
+    for buckets in (1, 2, 5, 10, 20, 50, 100):
+        cap = 10**8 // buckets
+        want = co.bucket_wait(sizes, cap, alpha, beta, backward)
+        assert co.pipeline_wait(cap, 10**8, alpha, beta, backward) == pytest.approx(want)
+    g, alpha, beta, backward = 1e8, 1e-4, 1e-10, 0.05
+    cross = g * alpha / (backward - beta * g)
+    last = alpha + cross * beta
+    queued = cross * backward / g + g * alpha / cross + g * beta - backward
+    assert last == pytest.approx(queued)
+    assert co.model_bucket_size(g, alpha, beta, backward) == (pytest.approx(cross), "s = G alpha / (B - beta G)")  # fmt: skip
+    with pytest.raises(ValueError, match="byte counts"):
+        co.pipeline_wait(0, g, alpha, beta, backward)
+
+
 def test_predicted_vs_best_says_when_the_gap_is_within_the_spreads() -> None:
     def row(cap: float, ms: float, iqr: float) -> dict:
         return {"cap MiB": cap, "buckets": 1, "step ms": ms, "IQR ms": iqr}
 
     model = {"rule": "s", "bytes": 2**20, "cap bytes": 2**20, "buckets": 1, "G bytes": 2**20, "B s": 1e-3, "wait s": 1e-4}  # fmt: skip
     close = [row(2, 10.0, 1.0), row(1, 10.5, 1.0)]
-    assert predicted(close, model).endswith("within the spreads (2.00 ms): too close to call")
-    far = [row(2, 10.0, 0.1), row(1, 12.0, 0.1)]
-    assert predicted(far, model).endswith("2.00 ms slower, beyond the spreads (0.20 ms)")
+    assert predicted(close, model).endswith(
+        "; against the runner-up, cap 1.00 MiB: cap 2.00 MiB vs cap 1.00 MiB: too close to call "
+        "(the first ahead by 1.05x; spreads add up to 20%); the swept cap nearest the model's is "
+        "the runner-up"
+    )
+    far = [row(2, 10.0, 0.1), row(4, 11.0, 0.1), row(1, 12.0, 0.1)]
+    assert predicted(far, model).endswith(
+        "; the swept cap nearest the model's, 1.00 MiB, against the best: here, cap 2.00 MiB was "
+        "1.20x faster than cap 1.00 MiB"
+    )
     same = [row(1, 10.0, 0.1), row(2, 12.0, 0.1)]
-    assert predicted(same, model).endswith("the swept cap nearest the model's is the best")
+    assert predicted(same, model).endswith("; the swept cap nearest the model's is the best")
+    alone = [row(1, 10.0, 0.1)]
+    assert predicted(alone, model).endswith(
+        "best measured: cap 1.00 MiB (1 bucket(s), 10.00 ms/step); the swept cap nearest the "
+        "model's is the best"
+    )
+
+
+def test_the_best_cap_is_judged_against_the_runner_up() -> None:
+    """The learner's quiet run: 14.67 ms against 15.3 ms with IQRs of 3-4 ms is no best at all."""
+    rows = [
+        {"cap MiB": 1.0, "buckets": 5, "step ms": 15.3, "IQR ms": 3.1},
+        {"cap MiB": 2.0, "buckets": 3, "step ms": 14.67, "IQR ms": 3.9},
+        {"cap MiB": 5.012, "buckets": 1, "step ms": 19.0, "IQR ms": 0.5},
+    ]
+    said = dbh.predicted_vs_best(rows, None)
+    assert said.startswith(
+        "best measured: cap 2.00 MiB (3 bucket(s), 14.67 ms/step); against the runner-up, cap "
+        "1.00 MiB: cap 2.00 MiB vs cap 1.00 MiB: too close to call"
+    )
+    assert said.endswith("; no model to compare")
+    busy = MachineState("cpu", 1, 2, 2, 4.0, GpuTenants(0), 2.0, 1.0)  # others kept 2 cores busy
+    assert not busy.quiet
+    on_busy = dbh.predicted_vs_best(rows, None, machine=busy)
+    assert "against the runner-up, cap 1.00 MiB: inconclusive, " in on_busy
 
 
 def predicted(rows: list[dict], model: dict) -> str:

@@ -271,20 +271,36 @@ def test_the_alpha_beta_model_and_the_bucket_verdict_in_chinese(chinese) -> None
     )
     assert line.endswith("该模型描述了这台机器")
     sweep = dbh.bucket_rows(result, fit)
-    verdict = chinese_text(dbh.predicted_vs_best(sweep, dbh.model_bucket(result, fit)), ("s* = sqrt(G alpha / beta)",))  # fmt: skip
+    assert [tr(r["note"]) for r in sweep] == ["", "", "全部放进一个桶"]
+    verdict = chinese_text(dbh.predicted_vs_best(sweep, dbh.model_bucket(result, fit)), ("s* = G sqrt(alpha / B)",))  # fmt: skip
     assert (
-        "实测最佳：桶上限 2.00 MiB（2 个桶，每步 9.00 ms）" in verdict
-        and "超出了波动范围" in verdict
+        "实测最佳：桶上限 2.00 MiB（2 个桶，每步 9.00 ms）；与次佳的桶上限 1.00 MiB 相比："
+        in verdict
     )
+    assert "桶上限 2.00 MiB 的速度是桶上限 1.00 MiB 的 1.11 倍" in verdict, verdict
+    assert verdict.endswith("；扫描中最接近模型取值的上限正是次佳的")
     assert chinese_text(dbh.predicted_vs_best(sweep, None)).endswith("；没有可比较的模型")
     model = {"rule": "s", "bytes": 2**20, "cap bytes": 2**20, "buckets": 1, "G bytes": 2**20, "B s": 1e-3, "wait s": 1e-4}  # fmt: skip
-    close = [{"cap MiB": c, "buckets": 1, "step ms": ms, "IQR ms": 1.0} for c, ms in ((2, 10.0), (1, 10.5))]  # fmt: skip
-    assert chinese_text(dbh.predicted_vs_best(close, model)).endswith("：难分高下")
-    result["allreduce"][0]["step median s"] = 1e-3  # one size far off the line
-    missed = dbh.fit_line(dbh.allreduce_fit(result)[1], 2)
-    assert "今天描述不了这台机器，不做预测" in chinese_text(missed, ("t = alpha + n beta",))
+    close = [{"cap MiB": c, "buckets": 1, "step ms": ms, "IQR ms": 1.0} for c, ms in ((2, 10.0), (4, 10.4), (1, 10.5))]  # fmt: skip
+    said = chinese_text(dbh.predicted_vs_best(close, model))
+    assert "；扫描中最接近模型取值的上限 1.00 MiB 与最佳的相比：" in said and "难分高下" in said, (
+        said
+    )
+    result["allreduce"][0]["step median s"] = 1e-3  # one size far off the line: a rough guide
+    rough_fit = dbh.allreduce_fit(result)[1]
+    missed = chinese_text(dbh.fit_line(rough_fit, 2))
+    assert "在 4 个大小中，直线在 4 个上的偏差超过了重复测量的波动：4.00 KiB 偏离 0.869 ms（IQR 0.01 ms）" in missed  # fmt: skip
+    assert missed.endswith("下面模型给出的桶大小只是粗略的参考，以实测的扫描为准")
+    rough = dbh.predicted_vs_best(dbh.bucket_rows(result, rough_fit), dbh.model_bucket(result, rough_fit))  # fmt: skip
+    assert chinese_text(rough, ("s* = G sqrt(alpha / B)",)).endswith(
+        "模型只是粗略的参考，以扫描的实测为准"
+    )
     negative = {"alpha s": -1e-4, "beta s/B": 1e-9, "worst gap": 0.5, "fits": False}
-    chinese_text(dbh.fit_line(negative, 2), ("t = alpha + n beta",))
+    no_line = chinese_text(dbh.fit_line(negative, 2), ("t = alpha + n beta",))
+    assert "今天描述不了这台机器，不做预测" in no_line and "每次调用的固定开销为负" in no_line
+    flat = {"alpha s": 1e-4, "beta s/B": -1e-12, "worst gap": 0.5, "fits": False}
+    chinese_text(dbh.fit_line(flat, 2), ("t = alpha + n beta",))
+    assert [tr(c) for c in ("backward ms", "backward IQR ms", "stretch ms")] == ["反向 ms", "反向 IQR ms", "反向拉长 ms"]  # fmt: skip
     buckets = chinese_text(dbh.ddp_bucket_line(result))
     assert buckets == (
         "DDP 的全归约，第一步：[4.00] MiB；重建之后：[1.00, 3.00] MiB；"

@@ -76,6 +76,8 @@ ALLREDUCE_BYTES = {
     "cpu": [1024 * 4**k for k in range(1, 7)],
     "cuda": [1024 * 4**k for k in range(3, 10)],
 }
+#: All-reduces timed in a row per block of allreduce_times (with --allreduce-blocks, default 7).
+ALLREDUCE_CALLS = 20
 
 
 class Comm:
@@ -386,11 +388,16 @@ def nsys_steps(ctx: Context, args: argparse.Namespace, runs: dict[str, Run], xy:
     return {"nsys steps per way": args.steps, "ways": list(runs)}
 
 
-def allreduce_times(ctx: Context, sizes: list[int], blocks: int, calls: int = 5) -> list[dict]:
+def allreduce_times(
+    ctx: Context, sizes: list[int], blocks: int, calls: int = ALLREDUCE_CALLS
+) -> list[dict]:
     """Seconds per all-reduce of a float32 buffer at each size in bytes; the slowest rank counts (chapter 8).
 
     Fixed counts on every rank, not helpers.timing.benchmark: that adapts how many calls it
-    times to each rank's clock, and a collective must be called as often on every rank.
+    times to each rank's clock, and a collective must be called as often on every rank. Each
+    block times `calls` calls in a row and keeps their mean: a block of 20 averages over the
+    scheduler's hiccups that made the IQR of 5-call blocks as wide as the median on a loaded
+    2-core CPU, so the alpha-beta line can be tested at all.
     """
     bufs = {n: torch.ones(n // 4, device=ctx.device) for n in sizes}
     for buf in bufs.values():
@@ -463,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instrumented", type=int, default=5, help="steps with in-flight times")
     p.add_argument("--trace", action="store_true", help="rank 0 writes OUT/trace_rank0.json")
     p.add_argument("--sweep-blocks", type=int, default=3, help="timed blocks per bucket cap")
-    p.add_argument("--allreduce-blocks", type=int, default=5, help="timed blocks per size")
+    p.add_argument("--allreduce-blocks", type=int, default=7, help="timed blocks per size")
     p.add_argument("--nsys", action="store_true", help="only labelled steps in a capture range")
     return p
 
