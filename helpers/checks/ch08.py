@@ -13,6 +13,7 @@ keep ``helpers.attention_tiles.rounding_bound`` (n x eps x the sum of absolute t
 from __future__ import annotations
 
 import contextlib
+import dis
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -84,8 +85,12 @@ def _merge(a: State, b: State, mistake: str = "") -> State:
     ell = la + lb if mistake in ("sum not rescaled", "nothing rescaled") else la * sa + lb * sb
     if mistake in ("acc not rescaled", "nothing rescaled"):
         acc = acca + accb
+    elif mistake == "acc flipped":  # l right, acc's factors upside down
+        acc = acca * torch.exp(safe - ma)[..., None] + accb * torch.exp(safe - mb)[..., None]
     else:
         acc = acca * sa[..., None] + accb * sb[..., None]
+    one_side = {"l_a": (la + lb * sb, acc), "l_b": (la * sa + lb, acc), "acc_a": (ell, acca + accb * sb[..., None]), "acc_b": (ell, acca * sa[..., None] + accb)}  # fmt: skip
+    ell, acc = one_side.get(mistake.removesuffix(" not rescaled"), (ell, acc))
     if mistake == "normalised":
         acc = acc / ell[..., None]
     return m, ell, acc
@@ -118,7 +123,31 @@ _MERGE_HINTS = {
         "you divided acc by l: keep acc unnormalised (sum of exp(s - m) * v), so that "
         "more tiles can still be merged in; divide once, at the very end."
     ),
+    "acc flipped": tr_mark(
+        "l is right but acc's factors are upside down: acc takes the same factors as l, "
+        "exp(m_a - m) and exp(m_b - m) (at most 1), not exp(m - m_a) and exp(m - m_b)."
+    ),
 }
+
+#: One state's sum or accumulator added without its factor: (part, that state, the other, the formula).
+_ONE_SIDED = {
+    f"{part}_{x} not rescaled": (part, x, y, formula)
+    for part, formula in (
+        ("l", "l = l_a * exp(m_a - m) + l_b * exp(m_b - m)"),
+        ("acc", "acc = acc_a * exp(m_a - m)[..., None] + acc_b * exp(m_b - m)[..., None]"),
+    )
+    for x, y in (("a", "b"), ("b", "a"))
+}
+#: Said when only one state's l or acc went in without its factor (_ONE_SIDED).
+_ONE_SIDED_HINT = tr_mark(
+    "you rescaled {part}_{other} but added {part}_{side} as it is: {part}_{side} was summed "
+    "against its own max m_{side}, so it needs its factor exp(m_{side} - m) too: {formula}."
+)
+
+
+def _then(head: str, tail: str) -> str:
+    """Two sentences of a hint: a space between them, none after full-width punctuation (chapter 8)."""
+    return head + ("" if head[-1:] in "：。；，" else " ") + tail
 
 
 def _at(name: str, text: str) -> str:
@@ -132,10 +161,13 @@ def _merge_hint(got: State, a: State, b: State) -> str:
     Only picks the hint of a merge already failed against its rounding bound: a loose match
     here costs a less precise hint, never a wrong verdict.
     """
-    for mistake, hint in _MERGE_HINTS.items():
+    for mistake in (*_MERGE_HINTS, *_ONE_SIDED):
         wrong = _merge(a, b, mistake)
         if all(torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9, equal_nan=True) for g, w in zip(got, wrong)):  # fmt: skip
-            return tr(hint)
+            if mistake in _ONE_SIDED:
+                part, side, other, formula = _ONE_SIDED[mistake]
+                return tr(_ONE_SIDED_HINT).format(part=part, side=side, other=other, formula=formula)  # fmt: skip
+            return tr(_MERGE_HINTS[mistake])
     want = _merge(a, b)
     empty = torch.isneginf(want[0])
     if empty.any() and torch.isfinite(got[0][empty]).all():
@@ -146,7 +178,7 @@ def _merge_hint(got: State, a: State, b: State) -> str:
             "otherwise underflow that row's whole sum to 0)."
         ).format(value=got[0][empty].flatten()[0].item())
     parts = [n for n, g, w in zip(("m", "l", "acc"), got, want) if not torch.allclose(g.double(), w.double(), rtol=1e-6, atol=1e-9)]  # fmt: skip
-    sixteen = _sixteen_bit_factors(got, a, b)
+    sixteen = _sixteen_bit_factors(got, a, b) or _far_apart_hint(got, a, b) or _shifted_safe_max_hint(got, a, b)  # fmt: skip
     if sixteen:
         return sixteen
     if parts == ["acc"] and got[0].dim() > 1:  # right for 1-D rows, wrong for (2, 3): the broadcast
@@ -158,7 +190,71 @@ def _merge_hint(got: State, a: State, b: State) -> str:
             "factor scales a whole row; factor.unsqueeze(1) is the same only for 1-D rows and "
             "here pairs the factors with the wrong rows."
         ).format(rows=rows, acc=tuple(got[2].shape), col=(*rows, 1))
+    if not parts:  # every part within 1e-6 of the merge, yet outside the inputs' own rounding
+        gaps = [((g.double() - w).abs().max() / w.abs().max().clamp(min=1e-300)).item() for g, w in zip(got[1:], want[1:])]  # fmt: skip
+        return tr(
+            "l and acc are off by up to {rel:.2g} of their size: more than {dtype} rounding "
+            "explains, so the merge ran in a lower precision than its inputs (a .float(), .half() "
+            "or .bfloat16() on the way, or a new tensor made in another dtype): {dtype} inputs "
+            "must be merged in {dtype}."
+        ).format(rel=max(gaps), dtype=str(a[1].dtype).removeprefix("torch."))
     return tr("{parts} differ from the merged state: m = max(m_a, m_b); l and acc are the sum of each state's, each times exp(its m - m).").format(parts=", ".join(parts))  # fmt: skip
+
+
+def _wrong_rows(got: State, a: State, b: State) -> torch.Tensor:
+    """The rows (m's shape) where l or acc is outside its rounding bound (chapter 8)."""
+    want = _merge(*(tuple(t.double() for t in s) for s in (a, b)))
+    _, tol_l, tol_acc = _merge_tolerance(a, b, a[1].dtype)
+    off_l = ~((got[1].double() - want[1]).abs() <= tol_l)
+    return off_l | ~((got[2].double() - want[2]).abs() <= tol_acc).all(-1)
+
+
+def _far_apart_hint(got: State, a: State, b: State) -> str:
+    """The hint for a factor clamped or cut off: only rows whose two maxes are far apart are wrong, or "" (chapter 8).
+
+    exp((m_x - m).clamp(min=-20)), or a factor set to 0 under a threshold, changes nothing
+    while the two maxes are close, and keeps a weight of exp(-20) (or drops exp(-30)) where
+    they are 30 or 200 apart: in float64 such a factor is far above the rounding.
+    """
+    gap = (a[0].double() - b[0].double()).abs()
+    far = torch.isfinite(gap) & (gap > 20)
+    if not far.any() or not torch.equal(got[0], torch.maximum(a[0], b[0])) or not all(torch.isfinite(t).all() for t in got[1:]):  # fmt: skip
+        return ""
+    wrong = _wrong_rows(got, a, b)
+    if not wrong.any() or (wrong & ~far).any():
+        return ""
+    return tr(
+        "only the rows whose two maxes are far apart ({gap:.0f} apart and more) are off: the "
+        "smaller state's factor must be exp(m_x - m) however small it is (exp(-200) is about "
+        "1e-87 in float64: neither 0 nor exp(-20)). Put no clamp or threshold on the exponent "
+        "or on the factor."
+    ).format(gap=gap[wrong].min().item())
+
+
+def _shifted_safe_max_hint(got: State, a: State, b: State) -> str:
+    """The hint for factors taken against a finite safe max other than m, or "" (chapter 8).
+
+    m right, l and acc both off by one factor per row: the factors were taken against
+    something else than m where m is finite (m.clamp(min=0), relu(m): every row whose scores
+    are all negative gets a state exp(m) times too small).
+    """
+    want = _merge(*(tuple(t.double() for t in s) for s in (a, b)))
+    if not torch.equal(got[0].double(), want[0]) or not all(torch.isfinite(t).all() for t in got[1:]):  # fmt: skip
+        return ""
+    rows = torch.isfinite(want[0]) & (want[1] > 0) & _wrong_rows(got, a, b)
+    if not rows.any():
+        return ""
+    ratio = got[1].double()[rows] / want[1][rows]
+    acc_ratio = got[2].double()[rows] / want[2][rows]
+    if not torch.allclose(acc_ratio, ratio[:, None].expand_as(acc_ratio), rtol=1e-4):
+        return ""
+    return tr(
+        "in the rows whose max is {high:.3g} or less, m is right but l and acc are both {low:.3g} "
+        "to {ratio:.3g} times the merged state's, one factor per row: the factors were taken "
+        "against another max than m. The safe max may differ from m only where m is infinite: "
+        "m_safe = torch.where(torch.isinf(m), 0, m), not a clamp (clamp(min=0), relu) of every "
+        "negative max."
+    ).format(high=want[0][rows].max().item(), low=ratio.min().item(), ratio=ratio.max().item())
 
 
 def _sixteen_bit_factors(got: State, a: State, b: State) -> str:
@@ -187,14 +283,16 @@ def _merge_tolerance(a: State, b: State, dtype: torch.dtype) -> list[torch.Tenso
     """Per part of the merged state, its rounding bound in `dtype`, from the inputs as given (chapter 8).
 
     m is exact. Each factor exp(m_x - m) carries |m_x - m| x eps from the subtraction and
-    eps from the exp; each product and the sum add one eps more (counted as 3).
+    eps from the exp; each product and the sum add one eps more (counted as 3). A form that
+    adds m_x to a logarithm, exp(log(l_x) + m_x - m), rounds at m's size: |m| x eps more.
     """
     eps = torch.finfo(dtype).eps
     (ma, la, acca), (mb, lb, accb) = ((t.double() for t in s) for s in (a, b))
     m = torch.maximum(ma, mb)
     safe = torch.where(torch.isinf(m), 0.0, m)
     terms = [
-        ((safe - mx).nan_to_num(posinf=0.0) + 3, torch.exp(mx - safe)) for mx in (ma, mb)
+        ((safe - mx).nan_to_num(posinf=0.0) + safe.abs() + 3, torch.exp(mx - safe))
+        for mx in (ma, mb)
     ]  # (relative error in eps, factor) of each state
     ell = sum(rel * f * lx.abs() for (rel, f), lx in zip(terms, (la, lb)))
     acc = sum((rel * f)[..., None] * ax.abs() for (rel, f), ax in zip(terms, (acca, accb)))
@@ -236,10 +334,14 @@ def _call_merge(fn: Callable[..., Any], name: str, a: State, b: State) -> State:
     return got
 
 
-def _merge_probe(fn: Callable[..., Any], name: str, rows: tuple[int, ...], dtype: torch.dtype, size: float, seed: int) -> None:  # fmt: skip
-    """Two tiles of real scores: the merge must equal the state of both tiles at once (chapter 8)."""
+def _merge_probe(fn: Callable[..., Any], name: str, rows: tuple[int, ...], dtype: torch.dtype, size: float, seed: int, shift: tuple[Any, Any] = (0.0, 0.0)) -> None:  # fmt: skip
+    """Two tiles of real scores: the merge must equal the state of both tiles at once (chapter 8).
+
+    `shift` moves each tile's scores, per row if a tensor: all negative rows, or two maxes
+    far apart.
+    """
     g = torch.Generator().manual_seed(seed)
-    xa, xb = (size * torch.randn(*rows, n, generator=g, dtype=torch.float64) for n in (5, 7))
+    xa, xb = (size * torch.randn(*rows, n, generator=g, dtype=torch.float64) + torch.as_tensor(s, dtype=torch.float64)[..., None] for n, s in zip((5, 7), shift))  # fmt: skip
     va, vb = (torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (5, 7))
     a, b = (tuple(t.to(dtype) for t in _state(x, v)) for x, v in ((xa, va), (xb, vb)))
     got = _call_merge(fn, name, a, b)
@@ -343,6 +445,14 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
                 ),  # fmt: skip
             ),
         )
+        # rows whose every score is negative (a causal tile's, or keys far from the query): the
+        # safe max must be m itself there (no clamp(min=0)); then two maxes 0 to 200 apart in
+        # float64, where exp(-30) and exp(-200) are far above the rounding (no clamped exponent)
+        _merge_probe(fn, tr("rows whose scores are all negative, about -4, float32"), (4,), torch.float32, 1.0, 7, (-4.0, -4.5))  # fmt: skip
+        _merge_probe(fn, tr("rows whose scores are all negative, about -100, float64"), (4,), torch.float64, 1.0, 8, (-100.0, -99.0))  # fmt: skip
+        # each row's larger max near 0 (its rounding, |m| x eps, stays small), a's or b's
+        apart = torch.tensor([0.0, 30.0, 0.0, 200.0, 0.0, 3.0], dtype=torch.float64)
+        _merge_probe(fn, tr("float64, two maxes 0 to 200 apart"), (6,), torch.float64, 1.0, 9, (-apart, -apart.roll(1)))  # fmt: skip
 
     return run_check(tr("Exercise 1, merging two softmax states"), probes)
 
@@ -350,14 +460,45 @@ def check_merge_states(fn: Callable[[State, State], State]) -> CheckResult:
 # --- exercise 2: the tiled attention forward -----------------------------------------------------
 
 
-class _Watch(TorchDispatchMode):
-    """Record the shape of every tensor an op makes, and which ops ran (chapter 8)."""
+@dataclass
+class _Product:
+    """One matrix product made inside the tiled forward (chapter 8)."""
 
-    def __init__(self) -> None:
+    #: the size of the summed dimension: head_dim for a tile of scores
+    summed: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    #: a fingerprint of each operand (tiles of scores only): the same tile made twice has the same
+    operands: tuple[float, float] = (0.0, 0.0)
+
+
+def _tile_fingerprint(t: torch.Tensor) -> float:
+    """The sum of a tensor's elements, in float64: tells one tile of q or k from another (chapter 8)."""
+    return float(t.detach().double().sum())
+
+
+class _Watch(TorchDispatchMode):
+    """Record the shape of every tensor an op makes, which ops ran, and what crossed the tiles in 16 bits (chapter 8).
+
+    Given head_dim, a product summed over it is a tile of scores; a 16-bit (..., head_dim)
+    tensor made from a float32 one, or summed in 16 bits, used after a later tile of scores
+    to make a tensor of its shape that goes back to 16 bits, is a running output kept in 16
+    bits (acc16).
+    """
+
+    def __init__(self, head_dim: int = 0) -> None:
         super().__init__()
+        self.head_dim = head_dim
         self.shapes: list[tuple[int, ...]] = []
-        #: (size of the summed dimension, output shape) of every matrix product
-        self.products: list[tuple[int, tuple[int, ...]]] = []
+        #: every matrix product, in the order they ran
+        self.products: list[_Product] = []
+        #: the shape of a running output carried in 16 bits from one tile of scores to a later one
+        self.acc16: tuple[int, ...] | None = None
+        self._scores = 0  # tiles of scores made so far
+        #: id: (a 16-bit tensor, the tiles of scores made before it)
+        self._narrowed: dict[int, tuple[torch.Tensor, int]] = {}
+        #: id: a tensor made from one of them after a later tile of scores (kept: ids stay unique)
+        self._carried: dict[int, torch.Tensor] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = func.overloadpacket.__name__
@@ -367,9 +508,45 @@ class _Watch(TorchDispatchMode):
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]  # fmt: skip
         self.shapes += [tuple(t.shape) for t in outs]
         if name in _PRODUCTS:
-            left = args[1] if name in ("addmm", "baddbmm", "addbmm") else args[0]
-            self.products += [(left.shape[-1], tuple(t.shape)) for t in outs]
+            left, right = (args[1], args[2]) if name in ("addmm", "baddbmm", "addbmm") else args[:2]
+            scores = bool(self.head_dim) and left.shape[-1] == self.head_dim
+            operands = (_tile_fingerprint(left), _tile_fingerprint(right)) if scores else (0.0, 0.0)
+            self.products += [_Product(left.shape[-1], tuple(t.shape), t.dtype, operands) for t in outs]  # fmt: skip
+            self._scores += scores
+        if self.head_dim and any(t.shape[-1:] == (self.head_dim,) for t in outs):
+            given = (*args, *(kwargs or {}).values())  # tensors, or lists of them (torch.cat)
+            inputs = [a for x in given for a in (x if isinstance(x, (list, tuple)) else (x,)) if isinstance(a, torch.Tensor)]  # fmt: skip
+            self._watch_16_bits(func, name, inputs, outs)
         return out
+
+    def _watch_16_bits(self, func: Any, name: str, inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:  # fmt: skip
+        """Follow 16-bit (..., head_dim) results made from float32 or summed in 16 bits across the tiles of scores.
+
+        Such a result used after a later tile of scores carries on into what it makes (of its
+        shape: acc.to(float32) * r + p @ v, not q's tile @ k^T); made 16-bit again from there,
+        the running output went through 16 bits from one key tile to the next.
+        """
+        for t in outs:
+            if t.dim() < 2 or t.shape[-1] != self.head_dim or not t.is_floating_point():
+                continue
+            carried = False
+            for a in inputs:
+                made = self._narrowed.get(id(a))
+                earlier = made is not None and made[0] is a and made[1] < self._scores
+                carried |= a.shape == t.shape and (earlier or self._carried.get(id(a)) is a)
+            view = getattr(func, "is_view", False)
+            wide = any(a.is_floating_point() and a.dtype.itemsize >= 4 for a in inputs)
+            summed = name.rstrip("_") in _ACCUMULATES and any(a.dtype == t.dtype and a.shape == t.shape for a in inputs)  # fmt: skip
+            if t.dtype.itemsize < 4 and not view and (wide or summed):
+                if carried:  # 16 bits again, from a running value already 16-bit a tile before
+                    self.acc16 = tuple(t.shape)
+                self._narrowed[id(t)] = (t, self._scores)
+            elif carried:
+                self._carried[id(t)] = t
+
+
+#: Ops that sum into their result: a 16-bit running output updated in 16 bits goes through one.
+_ACCUMULATES = ("add", "sub", "addcmul", "addcdiv", "lerp", "addmm", "baddbmm", "addbmm")
 
 
 #: Said when aten ran an attention or softmax kernel inside the tiled forward (torch.ops.aten...).
@@ -384,19 +561,36 @@ _PRODUCTS = ("mm", "bmm", "matmul", "baddbmm", "addmm", "addbmm")
 
 
 @contextlib.contextmanager
-def _calls_to(banned: dict[CodeType, str]) -> Iterator[list[str]]:
-    """The names of the `banned` functions that ran inside, however they were reached (chapter 8).
+def _calls_to(banned: dict[CodeType, str]) -> Iterator[list[tuple[str, bool]]]:
+    """The names of the `banned` functions that ran inside, however they were reached, and whether as a copy (chapter 8).
 
     A profile function sees every Python call by its code object: an alias (``from ... import
     flash_forward as ff``), a module attribute or a function kept in a dict all end in the same
-    code, which a scan of the names in the learner's code cannot follow.
+    code, which a scan of the names in the learner's code cannot follow. A copy recompiled from
+    the source (``exec(inspect.getsource(flash_forward))``, or pasted into a cell) is another
+    code object with the same opcodes and names: it is matched by those (_code_key).
     """
-    seen: list[str] = []
+    seen: list[tuple[str, bool]] = []
     previous = sys.getprofile()
+    keys = {_code_key(code): name for code, name in banned.items()}
+    names = {code.co_names for code in banned}  # cheap to test first
+    #: by id: each code object looked at once (kept, so that its id stays its own)
+    known: dict[int, tuple[CodeType, tuple[str, bool] | None]] = {}
 
     def profile(frame, event, arg):  # noqa: ANN001, ANN202
-        if event == "call" and frame.f_code in banned:
-            seen.append(banned[frame.f_code])
+        if event == "call":
+            code = frame.f_code
+            hit = known.get(id(code))
+            if hit is None or hit[0] is not code:
+                if code in banned:
+                    found = (banned[code], False)
+                elif code.co_names in names and _code_key(code) in keys:
+                    found = (keys[_code_key(code)], True)
+                else:
+                    found = None
+                hit = known[id(code)] = (code, found)
+            if hit[1]:
+                seen.append(hit[1])
 
     sys.setprofile(profile)
     try:
@@ -408,6 +602,62 @@ def _calls_to(banned: dict[CodeType, str]) -> Iterator[list[str]]:
 def _code(fn: Any) -> CodeType:
     """The code object of a function, a static method or a Triton kernel (chapter 8)."""
     return getattr(fn, "fn", fn).__code__
+
+
+def _code_key(code: CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What every copy of a function keeps, wherever it is compiled: the names it uses and its instructions (chapter 8).
+
+    Not the code object's identity, its file or line numbers, nor the numbering of its
+    constants and variables (each instruction's argument): renamed locals or a docstring
+    removed leave it as it is. A method call is LOAD_METHOD where the compiler does not see
+    that a name comes from an import (a function compiled alone) and LOAD_ATTR where it does
+    (in its module): both count as LOAD_ATTR.
+    """
+    ops = tuple("LOAD_ATTR" if i.opname == "LOAD_METHOD" else i.opname for i in dis.get_instructions(code))  # fmt: skip
+    return code.co_names, ops
+
+
+@contextlib.contextmanager
+def _triton_launches() -> Iterator[list[str]]:
+    """The Triton kernels launched inside, compiled or interpreted: each refused as it starts (chapter 8).
+
+    Exercise 2 is the tile loop in PyTorch: a kernel, the chapter's forward or any other,
+    is refused before it runs; the list keeps it if the learner's code catches the refusal.
+    """
+    launched: list[str] = []
+    owners = [triton_interpreter.InterpretedFunction] if triton_interpreter is not None else []
+    with contextlib.suppress(ImportError):
+        from triton.runtime.jit import JITFunction
+
+        owners.append(JITFunction)
+    runs = [owner.__dict__["run"] for owner in owners]
+
+    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        fn = getattr(self, "fn", self)
+        launched.append(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', type(self).__name__)}")  # fmt: skip
+        raise CheckFailed(_launch_hint(launched[-1]))
+
+    try:
+        for owner in owners:
+            owner.run = refuse
+        yield launched
+    finally:
+        for owner, run in zip(owners, runs):
+            owner.run = run
+
+
+def _launch_hint(kernel: str) -> str:
+    """Said when the tiled forward launched a Triton kernel: the chapter's own, or another (chapter 8)."""
+    if kernel.startswith(attention_triton.__name__ + "."):
+        return tr(
+            "your code launched {kernel}, the chapter's own Triton forward kernel: it does the "
+            "exercise for you. Write the loop over query and key tiles with torch operations; "
+            "exercise 2 launches no Triton kernel."
+        ).format(kernel=kernel)
+    return tr(
+        "your code launched the Triton kernel {kernel}: exercise 2 is the tile loop in PyTorch, "
+        "with no Triton kernel. Write the loop over query and key tiles with torch operations."
+    ).format(kernel=kernel)
 
 
 class _NoSoftmaxOrSdpa(TorchFunctionMode):
@@ -460,14 +710,17 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     return torch.exp(s - lse[..., None]) @ v, lse
 
 
-def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int, verdict: _Verdict) -> str:  # fmt: skip
+def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor], causal: bool, block: int, verdict: _Verdict, watch: _Watch | None = None) -> str:  # fmt: skip
     """Name the mistake behind a wrong output or log-sum-exp (chapter 8).
 
-    With 16-bit inputs, a plain difference also reminds to compute the tiles in float32.
+    With 16-bit inputs, a plain difference also reminds to compute the tiles in float32,
+    unless the watch saw every tile of scores made in float32 or better.
     Called only once the output or lse failed (verdict): the loose `close` below only picks
     the hint, so a near miss costs a less precise hint, never a wrong verdict.
     """
     sixteen_bit = qkv[0].dtype.itemsize < 4
+    tiles = [p for p in (watch.products if watch else ()) if p.summed == qkv[0].size(-1)]
+    tiles16 = sixteen_bit and (not tiles or any(p.dtype.itemsize < 4 for p in tiles))
     out = got.detach().double()
     close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
     want, want_lse = _reference(*qkv, causal)
@@ -499,10 +752,17 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
     if torch.isnan(out).any():
         return tr("your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j).")  # fmt: skip
     if verdict.out_ok:
-        return _lse_hint(got_lse, want_lse, sixteen_bit)
+        return _lse_hint(got_lse, want_lse, tiles16)
     late = _late_in_some_tiles(out, qkv, causal, block, verdict.wrong_rows)
     if late:
         return late
+    if not causal and qkv[0].size(-2) % block and close(out, _zero_padded_keys(*qkv, block)):
+        return tr(
+            "your output is attention over the keys padded with zeros to a multiple of {block}: "
+            "the padded keys were not hidden, and each added exp(0 - m) to l and its zero value "
+            "to the average. Hide the keys at positions T = {t} and after (score -inf), or let "
+            "the last key tile be shorter (k[..., ks : ks + block, :] stops at T by itself)."
+        ).format(block=block, t=qkv[0].size(-2))
     for rescaled, hint in _RESCALE_MISTAKES.items():
         if close(out, _tiles_float64(*qkv, causal, block, rescaled)):
             return tr(hint)
@@ -524,7 +784,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
         "m_new = max(m, rowmax(s)); scale the old l and acc by exp(m - m_new) before adding "
         "this tile's sums; mask with global positions; tiles of {block} queries and keys."
     ).format(gap=gap, block=block)
-    if sixteen_bit:
+    if tiles16:
         hint = tr("for 16-bit inputs compute each tile in float32 (q.float(), ...), as flash_forward does, and cast the output back at the end: {advice}").format(advice=hint)  # fmt: skip
     return hint
 
@@ -570,13 +830,29 @@ def _tiles_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return torch.cat(outs, -2)
 
 
-def _lse_hint(got_lse: torch.Tensor, want_lse: torch.Tensor, sixteen_bit: bool) -> str:
-    """The output is right, the log-sum-exp is not: by a constant on every row, or otherwise (chapter 8).
+def _zero_padded_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:  # fmt: skip
+    """Attention (not causal) over k and v padded with zero rows to a multiple of block, none hidden (chapter 8)."""
+    pad = (-k.size(-2)) % block
+    k, v = (torch.nn.functional.pad(x.detach().double(), (0, 0, 0, pad)) for x in (k, v))
+    return _reference(q, k, v, False)[0]
 
-    With 16-bit inputs the output's own rounding hides tiles computed in 16 bits; the float32
-    lse does not, so the hint says to compute the tiles in float32.
+
+def _lse_hint(got_lse: torch.Tensor, want_lse: torch.Tensor, sixteen_bit: bool) -> str:
+    """The output is right, the log-sum-exp is not: rounded to 16 bits, off by a constant on every row, or otherwise (chapter 8).
+
+    With 16-bit tiles the output's own rounding hides them; the float32 lse does not, so the
+    hint says to compute the tiles in float32 (`sixteen_bit`: some tile of scores was 16-bit).
     """
     off = got_lse.detach().double() - want_lse
+    finite = got_lse[torch.isfinite(got_lse)].detach()
+    for dtype in (torch.bfloat16, torch.float16):  # a float32 lse, every value a 16-bit number
+        if not sixteen_bit and finite.numel() > 1 and finite.dtype.itemsize > 2 and torch.equal(finite.to(dtype).to(finite.dtype), finite):  # fmt: skip
+            return tr(
+                "the output is right but the log-sum-exp was rounded to {dtype} (every value of "
+                "it is a {dtype} number, up to {gap:.3g} from m + log(l)): keep it in the dtype "
+                "you accumulate in, {work}, with no .to(q.dtype) or other cast on the way: backward "
+                "rebuilds each probability as exp(s - lse), and the rounding would go into every one."
+            ).format(dtype=str(dtype).removeprefix("torch."), work=str(got_lse.dtype).removeprefix("torch."), gap=off[torch.isfinite(want_lse)].abs().max().item())  # fmt: skip
     off = off[torch.isfinite(want_lse)]
     if off.numel() and (off.max() - off.min()).item() <= 0.1 * off.mean().abs().item():
         return tr(
@@ -639,8 +915,18 @@ def _forward_verdict(out: torch.Tensor, lse: torch.Tensor, qkv: list[torch.Tenso
 def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causal: bool, block: int) -> tuple[torch.Tensor, torch.Tensor, _Watch]:  # fmt: skip
     """Call the learner's forward under watch; check types, shapes, dtypes, inputs unchanged (chapter 8)."""
     copies = [(t.clone(), t._version) for t in qkv]
-    with probe(name), _calls_to(_FORWARD_CODES) as helpers, _NoSoftmaxOrSdpa(), _Watch() as watch:
+    with probe(name), _calls_to(_FORWARD_CODES) as helpers, _triton_launches() as launched, _NoSoftmaxOrSdpa(), _Watch(qkv[0].size(-1)) as watch:  # fmt: skip
         got = fn(*qkv, causal=causal, block=block)
+    if helpers and helpers[0][1]:
+        raise CheckFailed(
+            _at(
+                name,
+                tr(
+                    "your code ran a copy of the chapter's {helper} (its code compiled again, from "
+                    "its source or pasted), which does the exercise for you: write the tile loop."
+                ).format(helper=helpers[0][0]),
+            )
+        )
     expect(
         not helpers,
         _at(
@@ -648,9 +934,10 @@ def _run_tiled(fn: Callable[..., Any], name: str, qkv: list[torch.Tensor], causa
             tr(
                 "your code ran the chapter's {helper} (under another name), which does the "
                 "exercise for you: write the tile loop."
-            ).format(helper=helpers[0] if helpers else ""),
+            ).format(helper=helpers[0][0] if helpers else ""),
         ),
     )
+    expect(not launched, _at(name, _launch_hint(launched[0]) if launched else ""))
     expect(
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
         _at(
@@ -739,7 +1026,7 @@ def _tiled_value_probe(fn: Callable[..., Any], name: str, shape: tuple[int, ...]
         if size > 10 and not torch.isfinite(out).all():
             ignored = _ignores_running_max(fn)
             raise CheckFailed(_at(name, tr(_RUNNING_MAX_IGNORED) if ignored else _large_scores_hint(out, qkv, causal)))  # fmt: skip
-        raise CheckFailed(_at(name, _tiled_hint(out, lse, qkv, causal, block, verdict)))
+        raise CheckFailed(_at(name, _tiled_hint(out, lse, qkv, causal, block, verdict, watch)))
     return watch
 
 
@@ -747,9 +1034,10 @@ def _score_tiles(watch: _Watch, head_dim: int) -> list[tuple[int, int]]:
     """(queries, keys) of every product of a q tile and a k tile: the ones that sum over head_dim (chapter 8).
 
     The probes pick a head_dim that no tile has as a length, so that P @ V (summed over keys)
-    never counts as scores.
+    never counts as scores; the first (float64, T = 40, head_dim 8) has a last key tile of 8,
+    whose P @ V counts: within the whole tiles that _work_hint allows.
     """
-    return [(out[-2], out[-1]) for summed, out in watch.products if summed == head_dim and len(out) >= 2]  # fmt: skip
+    return [(p.shape[-2], p.shape[-1]) for p in watch.products if p.summed == head_dim and len(p.shape) >= 2]  # fmt: skip
 
 
 def _tile_size_hint(tiles: list[tuple[int, int]], block: int, t: int, d: int) -> str:
@@ -764,7 +1052,8 @@ def _tile_size_hint(tiles: list[tuple[int, int]], block: int, t: int, d: int) ->
     wrong = [(r, c) for r, c in tiles if r not in sizes or c not in sizes]
     if not wrong:
         return ""
-    rows, keys = max(wrong, key=lambda s: abs(s[0] * s[1] - block * block))
+    # a tile wrong both ways first (tiles of 16 for block=32, the last one 6 x 16 aside)
+    rows, keys = max(wrong, key=lambda s: (s[0] not in sizes and s[1] not in sizes, abs(s[0] * s[1] - block * block)))  # fmt: skip
     if rows >= t and keys >= t:
         hint = tr(
             "you computed {rows} x {keys} scores at once: with tiles, no T x T scores ever exist. "
@@ -809,37 +1098,81 @@ def _work_probe(fn: Callable[..., Any]) -> None:
         for causal in (False, True):
             name = tr("T = {t}, blocks of {block}, head_dim {d}, causal={causal}, what was computed").format(t=t, block=block, d=d, causal=causal)  # fmt: skip
             watch = _tiled_value_probe(fn, name, (1, 2, t, d), torch.float32, causal, block)
-            tiles = _score_tiles(watch, d)
-            hint = _tile_size_hint(tiles, block, t, d)
-            if hint:
-                raise CheckFailed(_at(name, hint))
-            # a T x T tensor made any other way (never one shaped like q or k^T: head_dim is a side)
-            big = [s for s in watch.shapes if len(s) >= 2 and min(s[-2:]) > block and d not in s[-2:]]  # fmt: skip
-            if big:
-                raise CheckFailed(
-                    _at(
-                        name,
-                        tr(
-                            "you made a tensor of shape {shape}: "
-                            "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
-                            "scores at a time."
-                        ).format(shape=max(big, key=lambda s: s[-1] * s[-2])),
-                    )
-                )
-            n = -(-t // block)
-            most = n * (n + 1) // 2 if causal else n * n
-            if causal and len(tiles) > most:
-                raise CheckFailed(
-                    _at(
-                        name,
-                        tr(
-                            "you computed {tiles} tiles of scores (q tile @ k tile^T); a "
-                            "causal run needs at most {most} ({n} query tiles x the key tiles up "
-                            "to the diagonal). Stop each query tile's loop at its last query: later keys are "
-                            "all hidden, and computing them doubles the work."
-                        ).format(tiles=len(tiles), most=most, n=n),
-                    )
-                )
+            _expect_tiled(name, watch, (1, 2, t, d), causal, block)
+
+
+def _expect_tiled(name: str, watch: _Watch, shape: tuple[int, ...], causal: bool, block: int) -> None:  # fmt: skip
+    """Fail a probe whose values passed but whose work was not the tile loop's, or whose running output was 16-bit (chapter 8)."""
+    hint = _work_hint(watch, shape, causal, block)
+    if hint:
+        raise CheckFailed(_at(name, hint))
+    if watch.acc16:
+        raise CheckFailed(
+            _at(
+                name,
+                tr(
+                    "the running output acc (shaped {shape}) stayed in 16 bits from one key tile "
+                    "to the next: it was rounded after every tile, and that rounding adds up over "
+                    "the tiles (small at T = {t}, not at the lengths a model runs). Keep m, l and "
+                    "acc in float32 from the first key tile to the last, and cast only the final "
+                    "output back to the inputs' dtype."
+                ).format(shape=watch.acc16, t=shape[-2]),
+            )
+        )
+
+
+def _work_hint(watch: _Watch, shape: tuple[int, ...], causal: bool, block: int) -> str:
+    """What the tiles of scores say against the tile loop: their size, a T x T tensor, their number, or "" (chapter 8).
+
+    The number is counted in scores (rows x keys of every product, over batch and heads),
+    not in products: all the query tiles at once in one product count as all their tiles.
+    Whole tiles are allowed (padded at the end); a causal run computes at most the query tiles
+    x the key tiles up to the diagonal, a plain one every pair once.
+    """
+    b, h, t, d = shape
+    tiles = _score_tiles(watch, d)
+    hint = _tile_size_hint(tiles, block, t, d)
+    if hint:
+        return hint
+    # a T x T tensor made any other way (never one shaped like q or k^T: head_dim is a side;
+    # nor one of a row per batch or head, such as lse with the heads in the batch)
+    batch = {b, h, b * h}
+    big = [s for s in watch.shapes if len(s) >= 2 and min(s[-2:]) > block and d not in s[-2:] and not (s[-2] in batch and s[-2] < t)]  # fmt: skip
+    if big:
+        return tr(
+            "you made a tensor of shape {shape}: "
+            "with tiles, no T x T scores ever exist. Compute one (block x block) tile of "
+            "scores at a time."
+        ).format(shape=max(big, key=lambda s: s[-1] * s[-2]))
+    n = -(-t // block)
+    most = (n * (n + 1) // 2 if causal else n * n) * block * block * b * h
+    products = [p for p in watch.products if p.summed == d and len(p.shape) >= 2]
+    got = sum(math.prod(p.shape) for p in products)
+    if got <= most:
+        return ""
+    made = [(p.shape, p.operands) for p in products]
+    repeats = len(made) - len(set(made))
+    if repeats:
+        return tr(
+            "the same tile of scores was computed twice: {repeats} of your {tiles} products of a "
+            "query tile and a key tile repeat one made before ({got} scores where the tiles hold "
+            "{most}, {ratio:.2g} times as many). Make one pass over the key tiles with a running "
+            "max and sum, rescaling l and acc by exp(m - m_new) when the max grows, not one pass "
+            "for the max and sum and another for p @ v."
+        ).format(repeats=repeats, tiles=len(made), got=got, most=most, ratio=got / most)
+    if causal:
+        return tr(
+            "you computed {got} scores (q tile @ k tile^T, over every batch and head) where a "
+            "causal run computes at most {most}, {ratio:.2g} times as many: the {n} query tiles x "
+            "the key tiles up to the diagonal, in whole tiles of {block} x {block}. Stop each query "
+            "tile's loop at its last query: the key tiles after it are all hidden, skip them (with "
+            "all the query tiles at once, multiply key tile j only with query tiles j and later)."
+        ).format(got=got, most=most, ratio=got / most, n=n, block=block)
+    return tr(
+        "you computed {got} scores (q tile @ k tile^T, over every batch and head) where the "
+        "{n} x {n} tiles of {block} x {block} hold {most}, {ratio:.2g} times as many: compute "
+        "each query tile against each key tile once."
+    ).format(got=got, most=most, ratio=got / most, n=n, block=block)
 
 
 def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> CheckResult:
@@ -855,12 +1188,35 @@ def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) 
             (tr("tiles of one position"), (1, 2, 7, 4), torch.float64, 1),
             (tr("bfloat16 inputs"), (2, 2, 24, 16), torch.bfloat16, 8),
         )
+        runs = []  # (name, watch, shape, causal, block): their work is judged after the work probe
         for causal in (True, False):
             for name, shape, dtype, block in cases:
                 at = tr("{name}, causal={causal}").format(name=name, causal=causal)
-                _tiled_value_probe(fn, at, shape, dtype, causal, block)
-        _tiled_value_probe(fn, tr("scores of about 100, float32, causal"), (1, 2, 32, 16), torch.float32, True, 8, size=100.0)  # fmt: skip
+                runs.append((at, _tiled_value_probe(fn, at, shape, dtype, causal, block), shape, causal, block))  # fmt: skip
+        at = tr("scores of about 100, float32, causal")
+        runs.append((at, _tiled_value_probe(fn, at, (1, 2, 32, 16), torch.float32, True, 8, size=100.0), (1, 2, 32, 16), True, 8))  # fmt: skip
         _work_probe(fn)
+        # tiles of 32 and 48, T no multiple of them: an answer that caps or rounds `block` (to 16
+        # at most, to 4 at least) makes tiles of another size here or at block = 1
+        wide = (
+            (
+                tr("float32, T = 70 in tiles of 32 (2 tiles of 32 + 6)"),
+                (1, 2, 70, 8),
+                torch.float32,
+            ),
+            (
+                tr("float64, T = 100 in tiles of 48 (2 tiles of 48 + 4)"),
+                (1, 1, 100, 12),
+                torch.float64,
+            ),
+        )
+        for causal in (True, False):
+            for (name, shape, dtype), block in zip(wide, (32, 48)):
+                at = tr("{name}, causal={causal}").format(name=name, causal=causal)
+                _expect_tiled(at, _tiled_value_probe(fn, at, shape, dtype, causal, block), shape, causal, block)  # fmt: skip
+        # every dtype is tiled, not only the float32 of the work probe
+        for run in runs:
+            _expect_tiled(*run)
 
     return run_check(tr("Exercise 2, the tiled attention forward"), probes)
 
@@ -959,36 +1315,188 @@ class _TorchProducts(TorchDispatchMode):
 Launch = list[tuple[tuple[int, ...], np.ndarray, bool]]
 
 
+class _Launch(list):
+    """One Triton launch under the interpreter: its stores as a Launch, and what else the check reads (chapter 8).
+
+    name: the kernel's; loads: (program id, addresses) per tl.load; flops: the multiply-adds
+    of its tl.dot calls; tf32: how many of them took float32 tiles at TF32 precision;
+    extents: (starts, ends), the memory its tensor arguments cover, merged and sorted.
+    """
+
+    def __init__(self, name: str, extents: tuple[np.ndarray, np.ndarray]) -> None:
+        super().__init__()
+        self.name, self.extents = name, extents
+        self.loads: list[tuple[tuple[int, ...], np.ndarray]] = []
+        self.flops = self.tf32 = 0
+
+
+class _Launches(list):
+    """The launches recorded by _triton_stores, plus the first access outside every argument
+    (outside: kind, kernel, program id, count) and the chapter's kernels run (chapter 8)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside: tuple[str, str, tuple[int, ...], int] | None = None
+        self.chapter: list[str] = []
+
+
+class _OutsideArguments(Exception):
+    """Raised by the recorder, before the access, for a load or store outside the launch's tensors (chapter 8)."""
+
+
+def _extents(args: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The memory the tensors among a launch's arguments cover: (starts, ends), merged (chapter 8)."""
+    spans: list[tuple[int, int]] = []
+
+    def visit(arg: Any) -> None:
+        if isinstance(arg, (tuple, list)):
+            for a in arg:
+                visit(a)
+        elif not isinstance(arg, torch.Tensor) and isinstance(getattr(arg, "base", None), torch.Tensor):  # fmt: skip
+            visit(arg.base)  # triton.reinterpret's wrapper, a tensor descriptor
+        elif isinstance(arg, torch.Tensor) and arg.numel():
+            size = arg.element_size()
+            low = sum(min(0, (n - 1) * s) for n, s in zip(arg.shape, arg.stride()))
+            high = sum(max(0, (n - 1) * s) for n, s in zip(arg.shape, arg.stride()))
+            spans.append((arg.data_ptr() + low * size, arg.data_ptr() + (high + 1) * size))
+
+    visit(args)
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return np.array([m[0] for m in merged], np.uint64), np.array([m[1] for m in merged], np.uint64)
+
+
+def _touched(ptrs: Any, mask: Any) -> np.ndarray:
+    """The addresses a load or store reaches: those its mask keeps (chapter 8)."""
+    data = np.asarray(ptrs.data)
+    if mask is None:
+        return data.reshape(-1).astype(np.uint64)
+    return data[np.broadcast_to(np.asarray(mask.data).astype(bool), data.shape)].astype(np.uint64)
+
+
+#: The chapter's own backward kernels, by name, whose code exercise 5 must not run (any copy).
+_CHAPTER_KERNELS = ("delta_kernel", "dkdv_kernel", "dq_kernel", "_dkdv_tiles", "_dq_tiles")
+_FINGERPRINTS: dict[Any, tuple[str, ...]] = {}
+
+
+def _bytecode(code: CodeType) -> str:
+    """A code object's instructions, the globals and attributes it names and its constants,
+    not its own name, file, lines or local names (chapter 8)."""
+    consts = [_bytecode(c) if isinstance(c, CodeType) else repr(c) for c in code.co_consts]
+    return repr((code.co_code, code.co_names, code.co_argcount, consts))
+
+
+def _fingerprint(fn: Any) -> tuple[str, ...]:
+    """A kernel's code, twice: its syntax tree without its name, docstring, comments or layout,
+    its variables renamed in order of appearance (where its source can be read), and its
+    bytecode (for code exec'd from a string): equal for a copy of a function under any name,
+    in any file (chapter 8)."""
+    import ast
+    import inspect
+    import textwrap
+
+    code = getattr(fn, "__code__", None)
+    if code in _FINGERPRINTS:
+        return _FINGERPRINTS[code]
+    found = [_bytecode(code)] if isinstance(code, CodeType) else []
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):  # no source: exec'd from a string
+        tree = ast.Module(body=[], type_ignores=[])
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+    if node is not None:
+        docstring = node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)  # fmt: skip
+        parts = [node.args, *node.body[1 if docstring else 0 :]]
+        names: dict[str, str] = {}
+        for part in parts:
+            for n in ast.walk(part):
+                if isinstance(n, ast.Name):
+                    n.id = names.setdefault(n.id, f"v{len(names)}")
+                elif isinstance(n, ast.arg):
+                    n.arg = names.setdefault(n.arg, f"v{len(names)}")
+        found.append("\n".join(ast.dump(p) for p in parts))
+    if code is not None:
+        _FINGERPRINTS[code] = tuple(found)
+    return tuple(found)
+
+
+def _chapter_fingerprints() -> dict[str, str]:
+    """{fingerprint: name} of the chapter's backward kernels in helpers/attention_triton.py (chapter 8)."""
+    found = {}
+    for name in _CHAPTER_KERNELS:
+        fn = getattr(attention_triton, name, None)
+        for text in _fingerprint(getattr(fn, "fn", fn)) if fn is not None else ():
+            found[text] = name
+    return found
+
+
 @contextlib.contextmanager
 def _triton_stores() -> Iterator[list[Launch]]:
-    """Every address each program of each Triton launch stores to, under the interpreter (chapter 8).
+    """Every address each program of each Triton launch stores to and loads from, under the interpreter (chapter 8).
 
-    One list per launch of (program id, addresses, atomic or not): tl.store through the
-    interpreter's store, tl.atomic_add and the other read-modify-writes through its atomic
-    ones. tl.atomic_xchg goes through the atomic ones too but counts as a plain store: it
+    One _Launch per launch: a list of (program id, addresses, atomic or not), tl.store
+    through the interpreter's store, tl.atomic_add and the other read-modify-writes through
+    its atomic ones. tl.atomic_xchg goes through the atomic ones too but counts as a plain store: it
     only swaps in the value the program computed, so a load followed by an atomic_xchg of the
     updated value loses the other programs' updates exactly as load + tl.store does. The
     interpreter runs the programs one after another, so two programs that load, add and store
     the same place lose nothing here, but on a GPU they run at once: the addresses say what
-    the values cannot.
+    the values cannot. Besides: each program's loads, each launch's tl.dot work and the
+    precision asked of it, and the kernels that are copies of the chapter's (by their code).
+
+    Every load and store is checked before it runs: an address outside the memory of the
+    launch's tensor arguments (an unmasked last tile) raises _OutsideArguments and is noted in
+    launches.outside, so that it never reads or corrupts memory the kernel does not own.
     """
-    launches: list[Launch] = []
+    launches = _Launches()
     if triton_interpreter is None:
         yield launches
         return
     builder, grid = triton_interpreter.InterpreterBuilder, triton_interpreter.GridExecutor
+    function = getattr(triton_interpreter, "InterpretedFunction", None)  # what triton.jit made
     store, rmw, cas, call = builder.create_masked_store, builder.create_atomic_rmw, builder.create_atomic_cas, grid.__call__  # fmt: skip
+    load, dot = builder.create_masked_load, builder.create_dot
+    run, device_call = (function.run, function.__call__) if function is not None else (None, None)
+    chapter = _chapter_fingerprints()
+
+    def inside(self: Any, ptrs: Any, mask: Any, kind: str) -> np.ndarray | None:
+        """The addresses reached, once they are all inside the launch's tensors; None where nothing is watched."""
+        launch = launches[-1] if launches else None
+        if not isinstance(launch, _Launch):
+            return None
+        where = _touched(ptrs, mask)
+        starts, ends = launch.extents
+        size = max(1, getattr(ptrs.get_element_ty(), "primitive_bitwidth", 8) // 8)
+        span = np.searchsorted(starts, where, "right") - 1
+        ok = np.zeros(where.shape, bool)
+        if ends.size:
+            ok = (span >= 0) & (where + np.uint64(size) <= ends[np.maximum(span, 0)])
+        if not ok.all():
+            if launches.outside is None:
+                launches.outside = (kind, launch.name, tuple(self.grid_idx), int((~ok).sum()))
+            raise _OutsideArguments(launch.name)
+        return where
 
     def record(self: Any, ptrs: Any, mask: Any, atomic: bool) -> None:
         if launches:
-            where = np.ones(ptrs.data.shape, bool) if mask is None else np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)  # fmt: skip
-            launches[-1].append((tuple(self.grid_idx), np.asarray(ptrs.data)[where].astype(np.uint64), atomic))  # fmt: skip
+            where = inside(self, ptrs, mask, "store")
+            launches[-1].append((tuple(self.grid_idx), _touched(ptrs, mask) if where is None else where, atomic))  # fmt: skip
 
     # Triton's versions add trailing arguments (3.8: cache_modifier and eviction_policy where
     # 3.1 had one cache_policy): pass on whatever follows the ones read here.
     def masked_store(self, ptrs, value, mask, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
         record(self, ptrs, mask, False)
         return store(self, ptrs, value, mask, *rest, **kw)
+
+    def masked_load(self, ptrs, mask, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        where = inside(self, ptrs, mask, "load")
+        if where is not None:
+            launches[-1].loads.append((tuple(self.grid_idx), where))
+        return load(self, ptrs, mask, *rest, **kw)
 
     # An exchange is a store, not an accumulation (the enum's name, XCHG, in every version).
     # What the CPU cannot check: Triton 3.9's interpreter refuses a float32 tl.atomic_xchg
@@ -1002,18 +1510,45 @@ def _triton_stores() -> Iterator[list[Launch]]:
         record(self, ptr, None, True)
         return cas(self, ptr, *rest, **kw)
 
+    # tl.dot: its multiply-adds, and TF32 asked for float32 tiles (the interpreter computes
+    # float32 whatever the precision; a GPU would round the inputs to TF32's 10 bits).
+    def create_dot(self, a, b, d, precision, *rest, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        launch = launches[-1] if launches else None
+        if isinstance(launch, _Launch):
+            launch.flops += int(np.asarray(a.data).size) * int(np.asarray(b.data).shape[-1])
+            tf32 = str(getattr(precision, "name", precision)) == "TF32"
+            launch.tf32 += int(tf32 and np.asarray(a.data).dtype == np.float32)
+        return dot(self, a, b, d, precision, *rest, **kw)
+
     def launch(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        launches.append([])
+        launches.append(_Launch(getattr(self.fn, "__name__", "?"), _extents([args, list(kwargs.values())])))  # fmt: skip
         return call(self, *args, **kwargs)
 
+    def note(fn: Any) -> None:
+        name = next((chapter[f] for f in _fingerprint(fn) if f in chapter), "")
+        if name and name not in launches.chapter:
+            launches.chapter.append(name)
+
+    def kernel_run(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        note(self.fn)
+        return run(self, *args, **kwargs)
+
+    def kernel_call(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202  # a device function
+        note(self.fn)
+        return device_call(self, *args, **kwargs)
+
     patches = {(builder, "create_masked_store"): masked_store, (builder, "create_atomic_rmw"): atomic_rmw,
-               (builder, "create_atomic_cas"): atomic_cas, (grid, "__call__"): launch}  # fmt: skip
+               (builder, "create_atomic_cas"): atomic_cas, (grid, "__call__"): launch,
+               (builder, "create_masked_load"): masked_load, (builder, "create_dot"): create_dot}  # fmt: skip
+    if function is not None:
+        patches.update({(function, "run"): kernel_run, (function, "__call__"): kernel_call})
+    originals = {(owner, name): getattr(owner, name) for owner, name in patches}
     try:
         for (owner, name), fn in patches.items():
             setattr(owner, name, fn)
         yield launches
     finally:
-        for (owner, name), fn in zip(patches, (store, rmw, cas, call)):
+        for (owner, name), fn in originals.items():
             setattr(owner, name, fn)
 
 
@@ -1044,12 +1579,212 @@ def _addresses(t: torch.Tensor) -> np.ndarray:
     return (t.data_ptr() + index.reshape(-1).numpy() * t.element_size()).astype(np.uint64)
 
 
+def _read_after_write(launch: Launch) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Elements one program of a launch stored and another loaded: (how many, a writer, a reader) (chapter 8).
+
+    On a GPU the programs of a launch run at once and in no fixed order: the reader may load
+    the value before or after the writer stores it. In either order here, a race.
+    """
+    loads = getattr(launch, "loads", [])
+    if not launch or not loads:
+        return 0, (), ()
+    pids = list(dict.fromkeys([pid for pid, _, _ in launch] + [pid for pid, _ in loads]))
+    ids = {pid: n for n, pid in enumerate(pids)}
+    s_addr = np.concatenate([a for _, a, _ in launch])
+    s_prog = np.concatenate([np.full(a.size, ids[pid]) for pid, a, _ in launch])
+    l_addr = np.concatenate([a for _, a in loads])
+    l_prog = np.concatenate([np.full(a.size, ids[pid]) for pid, a in loads])
+    keep = np.isin(l_addr, s_addr)
+    l_addr, l_prog = l_addr[keep], l_prog[keep]
+    if not l_addr.size:
+        return 0, (), ()
+    order = np.lexsort((s_prog, s_addr))
+    s_addr, s_prog = s_addr[order], s_prog[order]
+    first = np.flatnonzero(np.r_[True, s_addr[1:] != s_addr[:-1]])
+    lowest, highest = s_prog[first], np.maximum.reduceat(s_prog, first)
+    at = np.searchsorted(s_addr[first], l_addr)
+    other = (lowest[at] != l_prog) | (highest[at] != l_prog)
+    if not other.any():
+        return 0, (), ()
+    n = int(np.unique(l_addr[other]).size)
+    i = int(np.flatnonzero(other)[0])
+    writer = lowest[at[i]] if lowest[at[i]] != l_prog[i] else highest[at[i]]
+    return n, pids[int(writer)], pids[int(l_prog[i])]
+
+
+def _unset(dtype: torch.dtype) -> float:
+    """What the check fills new torch.empty tensors with inside exercise 5: garbage, but finite (chapter 8)."""
+    return min(1e30, torch.finfo(dtype).max / 16)
+
+
+class _TorchWork(TorchDispatchMode):
+    """What torch computes inside exercise 5's function, at aten's level (chapter 8).
+
+    scores: (op, shape) of each new result as large as the T x T scores of every (batch, head):
+    two dimensions of at least T, or T x T x head_dim elements per (batch, head) (a broadcast
+    product before its sum), whatever the op (mul and sum, no matrix product). copies: torch
+    copies of q, k, v, dO (clone, .to, copy_), which a kernel may load instead. New
+    torch.empty tensors are filled with _unset(dtype), so that a kernel adding into one that
+    was never zeroed fails every time, not only when the allocator's memory was not zero.
+    """
+
+    EMPTY = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+    COPY = ("clone", "_to_copy", "copy_")
+
+    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        b, h, self.t, self.d = inputs["q"].shape
+        self.bh = b * h
+        self.scores: list[tuple[str, tuple[int, ...]]] = []
+        self.copies: dict[str, list[torch.Tensor]] = {name: [] for name in inputs}
+        self.storages = {x.untyped_storage().data_ptr(): name for name, x in inputs.items()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in self.EMPTY and isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(_unset(out.dtype))
+        elif name in self.COPY:
+            source, copy = (args[1], args[0]) if name == "copy_" else (args[0], out)
+            if all(isinstance(x, torch.Tensor) and x.layout == torch.strided for x in (source, copy)):  # fmt: skip
+                of = self.storages.get(source.untyped_storage().data_ptr())
+                if of is not None and copy.numel() == source.numel():
+                    self.storages[copy.untyped_storage().data_ptr()] = of
+                    self.copies[of].append(copy)
+        else:
+            given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor) and a.layout == torch.strided}  # fmt: skip
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.untyped_storage().data_ptr() in given:  # fmt: skip
+                    continue  # a view of an input: no new memory
+                wide = sum(n >= self.t for n in t.shape) >= 2 or t.numel() >= self.bh * self.t * self.t * self.d  # fmt: skip
+                if t.numel() >= self.bh * self.t * self.t and wide:
+                    self.scores.append((name, tuple(t.shape)))
+        return out
+
+
+def _origins(part: torch.Tensor, launches: list[Launch], inputs: dict[str, np.ndarray]) -> list[int]:  # fmt: skip
+    """The launches whose work went into part: those that stored it, and before them, those
+    that stored what they loaded (a scratch buffer, D, a recomputed lse), the inputs aside (chapter 8)."""
+    stored = [np.unique(np.concatenate([a for _, a, _ in launch] or [np.zeros(0, np.uint64)])) for launch in launches]  # fmt: skip
+    given = np.concatenate(list(inputs.values()))
+    todo = [i for i, s in enumerate(stored) if np.isin(_addresses(part), s).any()]
+    seen = set(todo)
+    while todo:
+        i = todo.pop()
+        loaded = [a for _, a in getattr(launches[i], "loads", [])]
+        if not loaded:
+            continue
+        need = np.setdiff1d(np.concatenate(loaded), given)
+        for j in range(i):
+            if j not in seen and np.isin(need, stored[j]).any():
+                seen.add(j)
+                todo.append(j)
+    return sorted(seen)
+
+
+def _expect_triton_work(name: str, launches: list[Launch], got: tuple[torch.Tensor, ...], inputs: dict[str, torch.Tensor], work: _TorchWork, causal: bool) -> None:  # fmt: skip
+    """The launches that computed each gradient ran its products with tl.dot and loaded q, k, v, dO themselves (chapter 8).
+
+    A kernel that only copies values computed beforehand (in PyTorch without a matrix
+    product, in NumPy) into dq, dk, dv runs no tl.dot and loads none of the inputs.
+    """
+    memory = {n: _addresses(x) for n, x in inputs.items()}
+    b, h, t, d = inputs["q"].shape
+    pairs = t * (t + 1) // 2 if causal else t * t
+    need = b * h * pairs * d  # dV = P^T dO alone: one multiply-add per visible pair and column
+    for part, gp in zip(("dq", "dk", "dv"), got):
+        origins = _origins(gp, launches, memory)
+        kernels = ", ".join(dict.fromkeys(getattr(launches[i], "name", "?") for i in origins))
+        flops = sum(getattr(launches[i], "flops", 0) for i in origins)
+        said = {"part": part, "kernels": kernels, "flops": flops, "need": need, "pairs": pairs, "d": d, "bh": b * h}  # fmt: skip
+        expect(
+            flops >= need,
+            _at(
+                name,
+                tr(
+                    "the Triton kernels that computed {part} ({kernels}) ran {flops} multiply-adds "
+                    "in tl.dot, fewer than the {need} that {part} alone takes ({pairs} pairs of a "
+                    "query and a key it sees x head_dim {d} x {bh} (batch, head)): compute the "
+                    "products of the backward with tl.dot inside your kernels, not beforehand in "
+                    "PyTorch or NumPy with a kernel that only copies the result."
+                ).format(**said),
+            ),
+        )
+        loaded = np.unique(np.concatenate([a for i in origins for _, a in getattr(launches[i], "loads", [])] or [np.zeros(0, np.uint64)]))  # fmt: skip
+        for x in ("q", "k", "dO") if part == "dv" else ("q", "k", "v", "dO"):
+            copies = [memory[x]] + [_addresses(c) for c in work.copies.get(x, [])]
+            missing = min(int((~np.isin(m, loaded)).sum()) for m in copies)
+            said.update(missing=missing, numel=inputs[x].numel(), x=x)
+            expect(
+                missing == 0,
+                _at(
+                    name,
+                    tr(
+                        "the Triton kernels that computed {part} ({kernels}) never loaded {missing} "
+                        "of the {numel} elements of {x}: the kernels that compute {part} read q, k, "
+                        "v and dO themselves (tl.load) and multiply them with tl.dot. Values "
+                        "computed beforehand, in PyTorch or NumPy, and only copied by a kernel do "
+                        "not count."
+                    ).format(**said),
+                ),
+            )
+
+
+def _kernels_storing(t: torch.Tensor, launches: list[Launch]) -> str:
+    """The names of the kernels that stored into t, or "" (on a GPU: none watched) (chapter 8)."""
+    if t.device.type != "cpu":
+        return ""
+    mine = _addresses(t)
+    names = [getattr(launch, "name", "") for launch in launches if launch and np.isin(mine, np.concatenate([a for _, a, _ in launch])).any()]  # fmt: skip
+    return ", ".join(dict.fromkeys(n for n in names if n))
+
+
+def _unzeroed_hint(part: str, mine: torch.Tensor, launches: list[Launch]) -> str:
+    """The hint for a gradient added into with atomics that never started at zero, or "" (chapter 8)."""
+    if mine.device.type != "cpu" or not mine.is_floating_point():
+        return ""
+    garbage = (mine.abs() >= _unset(mine.dtype) / 2).reshape(-1)
+    if not garbage.any():
+        return ""
+    added = [a for launch in launches for _, a, atomic in launch if atomic]
+    if not added or not np.isin(_addresses(mine)[garbage.numpy()], np.concatenate(added)).any():
+        return ""
+    return tr(
+        "{n} of its elements are garbage, and your kernels added into them with tl.atomic_add: "
+        "atomic adds add to what the tensor held before, and torch.empty_like leaves whatever "
+        "was in memory (the check fills new torch.empty tensors with {unset:.0e} to show it; "
+        "elsewhere it is often 0 and sometimes not). Allocate the tensor you accumulate {part} "
+        "into with torch.zeros_like(q), or zero it before the launch."
+    ).format(n=int(garbage.sum()), unset=_unset(mine.dtype), part=part)
+
+
+def _unwritten_hint(mine: torch.Tensor, launches: list[Launch]) -> str:
+    """The hint for a gradient whose elements still hold what torch.empty left, no kernel having stored them, or "" (chapter 8)."""  # fmt: skip
+    if mine.device.type != "cpu" or not mine.is_floating_point():
+        return ""
+    garbage = (mine.abs() >= _unset(mine.dtype) / 2).reshape(-1)
+    if not garbage.any():
+        return ""
+    stored = [a for launch in launches for _, a, _ in launch] or [np.zeros(0, np.uint64)]
+    n = int((~np.isin(_addresses(mine)[garbage.numpy()], np.concatenate(stored))).sum())
+    if not n:
+        return ""
+    return tr(
+        "{n} of its elements were never written by your kernels: they still hold what "
+        "torch.empty left there (the check fills new torch.empty tensors with {unset:.0e} to "
+        "show it). Launch a program for every tile, triton.cdiv(T, BLOCK) of them for each "
+        "(batch, head), and keep every row below T in each store's mask."
+    ).format(n=n, unset=_unset(mine.dtype))
+
+
 #: Said where the check ran the kernels in Triton's interpreter (on a CPU).
 _CPU_LIMITS = tr_mark(
     "on this CPU, Triton's interpreter ran your kernels one program at a time: the check read "
-    "their stores for races, but it cannot check what only a GPU shows: the speed, TF32 "
-    "rounding (input_precision), tile sizes that do not fit in a GPU's shared memory, and "
-    "code the interpreter runs but the compiler rejects. Run the check on a GPU for those."
+    "the addresses they load and store (races between programs, accesses past the end) and "
+    "the precision each tl.dot asked for, but it cannot check what only a GPU shows: the "
+    "speed, the timing of programs that run at the same time, tile sizes that do not fit in "
+    "a GPU's shared memory, and code the interpreter runs but the compiler rejects. Run the "
+    "check on a GPU for those."
 )
 
 
@@ -1112,17 +1847,59 @@ def _expect_triton_wrote(name: str, launches: list[Launch], got: tuple[torch.Ten
 def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, device: torch.device) -> None:  # fmt: skip
     """dq, dk, dv of the learner's kernels against float64, by helpers.attention_errors' rule (chapter 8).
 
-    Torch's products and attention kernels are watched at aten's level (autograd's too); under
-    the interpreter, every Triton store is watched as well (_triton_stores).
+    Torch's products and attention kernels are watched at aten's level (autograd's too), and
+    so is every torch result as large as the T x T scores (_TorchWork); under the interpreter,
+    every Triton load, store and tl.dot is watched as well (_triton_stores).
     """
     g = torch.Generator().manual_seed(sum(shape))
     q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
     out, lse = flash_forward(q, k, v, causal)
     name = tr("shape {shape}, causal={causal}").format(shape=shape, causal=causal)
+    inputs = {"q": q, "k": k, "v": v, "dO": dout}
     # (the chapter's flash_backward under another name runs torch's matmul: caught by name)
-    with probe(name), _triton_stores() as launches, _NoTorchMatmul(), _TorchProducts() as products, _runs_chapter_backward() as chapter:  # fmt: skip
-        got = fn(q, k, v, out, lse, dout, causal)
+    with probe(name), _triton_stores() as launches, _NoTorchMatmul(), _TorchProducts() as products, _TorchWork(inputs) as work, _runs_chapter_backward() as chapter:  # fmt: skip
+        try:
+            got = fn(q, k, v, out, lse, dout, causal)
+        except Exception:  # an access outside the tensors, a chapter's kernel: they say more
+            if getattr(launches, "outside", None) is None and not getattr(launches, "chapter", None):  # fmt: skip
+                raise
+            got = None
+    outside = getattr(launches, "outside", None)
+    if outside is not None:
+        kind, kernel, pid, n = outside
+        message = {
+            "load": tr_mark(
+                "your kernel {kernel} loads from {n} addresses outside every tensor it was given "
+                "(program {pid}, T = {t}): its last tile runs past the end when T is not a "
+                "multiple of the tile, or an offset is wrong. Mask the last tile: "
+                "tl.load(ptrs, mask=rows[:, None] < seq_len, other=0.0), and give the rows and "
+                "keys past the end P = 0. On a GPU such a load reads garbage or crashes; the "
+                "check stopped your kernel before the load, so nothing was read."
+            ),
+            "store": tr_mark(
+                "your kernel {kernel} stores to {n} addresses outside every tensor it was given "
+                "(program {pid}, T = {t}): its last tile runs past the end when T is not a "
+                "multiple of the tile, or an offset is wrong. Mask the last tile: "
+                "tl.store(ptrs, value, mask=rows[:, None] < seq_len). On a GPU such a store "
+                "overwrites other memory or crashes; the check stopped your kernel before the "
+                "store, so nothing was written."
+            ),
+        }[kind]
+        raise CheckFailed(_at(name, tr(message).format(kernel=kernel, n=n, pid=pid, t=shape[-2])))  # fmt: skip
     expect(not chapter, _at(name, tr(_CHAPTER_BACKWARD_HINT).format(helper=chapter[0] if chapter else "")))  # fmt: skip
+    copied = getattr(launches, "chapter", [])
+    expect(
+        not copied,
+        _at(
+            name,
+            tr(
+                "your code ran {kernel}, a copy of the chapter's own Triton kernel "
+                "(helpers/attention_triton.py: the same code under another name or from another "
+                "file), which does the exercise for you: write your kernels (dK and dV per key "
+                "tile, dQ per query tile) in the cell."
+            ).format(kernel=copied[0] if copied else ""),
+        ),
+    )
     expect(
         not products.ran,
         _at(
@@ -1135,15 +1912,81 @@ def _backward_probe(fn: Callable[..., Any], shape: tuple[int, ...], causal: bool
             ).format(ops=", ".join(dict.fromkeys(products.ran))),
         ),
     )
+    if work.scores:
+        op, big = work.scores[0]
+        raise CheckFailed(
+            _at(
+                name,
+                tr(
+                    "torch computed {op} of shape {shape} inside your function: as large as the "
+                    "T x T scores of every (batch, head) (T = {t}) or larger. FlashAttention never "
+                    "keeps a T x T matrix in memory: compute each tile's scores inside your "
+                    "kernels (tl.dot) and keep them there. PyTorch may only allocate the outputs "
+                    "and compute D = rowsum(dO * O)."
+                ).format(op=op, shape=big, t=shape[-2]),
+            )
+        )
     expect(isinstance(got, tuple) and len(got) == 3, _at(name, tr("return (dq, dk, dv).")))
     for part, gp in zip(("dq", "dk", "dv"), got):
         expect(isinstance(gp, torch.Tensor) and gp.shape == q.shape, _at(name, tr("{part} must be a tensor shaped like q.").format(part=part)))  # fmt: skip
+        expect(
+            gp.dtype == q.dtype,
+            _at(
+                name,
+                tr(
+                    "{part} is {got}, but q is {want}: return each gradient in its input's dtype "
+                    "(torch.empty_like(q) allocates it so)."
+                ).format(part=part, got=gp.dtype, want=q.dtype),
+            ),
+        )
     ratios = error_ratios(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *got))), q, k, v, dout, causal)  # fmt: skip
     wrong = [part for part in ("dq", "dk", "dv") if not ratios[part]["ratio"] <= allowed_factor(q.dtype)]  # fmt: skip
     if wrong:
-        raise CheckFailed(_at(name, _backward_hint(wrong, got, (q, k, v, dout), causal, ratios, device)))  # fmt: skip
+        part = wrong[0]
+        mine = got[("dq", "dk", "dv").index(part)]
+        unzeroed = _unzeroed_hint(part, mine, launches)
+        if unzeroed:
+            head = tr("{part} is off by {ratio:.3g} x the error PyTorch makes in float32:").format(part=part, ratio=ratios[part]["ratio"])  # fmt: skip
+            raise CheckFailed(_at(name, _then(head, unzeroed)))
+        kernel, unwritten = _kernels_storing(mine, launches), _unwritten_hint(mine, launches)
+        raise CheckFailed(_at(name, _backward_hint(wrong, got, (q, k, v, dout), causal, ratios, device, kernel, unwritten)))  # fmt: skip
     if device.type == "cpu":
         _expect_triton_wrote(name, launches, got)
+        _expect_triton_work(name, launches, got, inputs, work, causal)
+        for launch in launches:
+            n, writer, reader = _read_after_write(launch)
+            expect(
+                n == 0,
+                _at(
+                    name,
+                    tr(
+                        "{n} elements were stored by one program of {kernel} and loaded by another "
+                        "program of the same launch (program {writer} stored, program {reader} "
+                        "loaded): on a GPU the programs of a launch run at the same time and in no "
+                        "fixed order, so the loading program may read the value before it is "
+                        "written. Triton's interpreter on this CPU runs the programs one after "
+                        "another, so the values came out right here; the check found it in the "
+                        "addresses your kernel loads and stores (the timing itself it cannot "
+                        "see). Compute such a value before the launch (in PyTorch, like D, or in "
+                        "a kernel of its own launched first), or in every program that needs it."
+                    ).format(n=n, kernel=getattr(launch, "name", ""), writer=writer, reader=reader),
+                ),
+            )
+        tf32 = [(launch.name, launch.tf32) for launch in launches if getattr(launch, "tf32", 0)]
+        expect(
+            not tf32,
+            _at(
+                name,
+                tr(
+                    "your kernel {kernel} called tl.dot {n} times on float32 tiles at TF32 "
+                    "precision, tl.dot's default: on a GPU (Ampere and later) that rounds the "
+                    "float32 inputs to TF32's 10-bit mantissa, and the gradients lose about three "
+                    "decimal digits. Triton's interpreter on this CPU computes float32 whatever "
+                    "the precision, so the values came out right here; the check read the "
+                    'precision each tl.dot asked for. Pass input_precision="ieee" to every tl.dot.'
+                ).format(kernel=tf32[0][0] if tf32 else "", n=tf32[0][1] if tf32 else 0),
+            ),
+        )
 
 
 #: What each gradient is made of, said in the hint of the first one that is off.
@@ -1248,8 +2091,14 @@ def _scale_hint(part: str, c: float, head_dim: int) -> str:
     return ""
 
 
-def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], causal: bool, ratios: dict[str, dict[str, float]], device: torch.device) -> str:  # fmt: skip
-    """Name the mistake behind the first wrong gradient: a constant factor, some rows only, a 16-bit rounding (chapter 8)."""
+def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], causal: bool, ratios: dict[str, dict[str, float]], device: torch.device, kernel: str = "", unwritten: str = "") -> str:  # fmt: skip
+    """Name the mistake behind the first wrong gradient: a constant factor, some rows only, a 16-bit rounding (chapter 8).
+
+    unwritten: _unwritten_hint's, said when no narrower hint (some heads, some rows) fits.
+    kernel: the kernels that stored it, named by the causal hint. The check runs every probe
+    without causal before the causal ones, so a causal probe that fails found the formulas
+    right: what is left of the generic hint is the causal mask.
+    """
     part = wrong[0]
     exact = kernel_results(plain_attention, *(x.double() for x in inputs), causal)[part]
     mine = got[("dq", "dk", "dv").index(part)].detach().cpu().double()
@@ -1259,10 +2108,10 @@ def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tupl
     c = ((mine * exact).sum() / (exact * exact).sum()).item()
     scale = _scale_hint(part, c, inputs[0].size(-1)) if (mine - c * exact).abs().max().item() <= within else ""  # fmt: skip
     if scale:
-        return head + " " + scale
+        return _then(head, scale)
     mistake = _backward_mistake(part, mine, inputs, causal, within)
     if mistake:
-        return head + " " + mistake
+        return _then(head, mistake)
     if (mine - c * exact).abs().max().item() <= within:
         return (
             head
@@ -1298,6 +2147,8 @@ def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tupl
                 "global positions)."
             ).format(first=int(rows[0]), last=int(rows[-1]))
         )
+    if unwritten:
+        return _then(head, unwritten)
     advice = tr(_GRADIENT_FORMULAS[part])
     if (mine - exact).abs().max().item() <= 2**-8 * exact.abs().max().item():
         advice = tr(
@@ -1306,9 +2157,17 @@ def _backward_hint(wrong: list[str], got: tuple[torch.Tensor, ...], inputs: tupl
         ).format(advice=advice)
         if "dv" not in wrong:
             advice += " " + tr("dv is right, so P is: look at dS and D.")
+    elif causal:
+        where = tr("{kernel}, the kernel that stores {part}").format(kernel=kernel, part=part) if kernel else tr("the kernel that computes {part}").format(part=part)  # fmt: skip
+        advice = tr(
+            "the probes without causal passed, so your formulas are right and the causal mask "
+            "is not: in {where}, P must be 0 where key j > query i, in global positions (each "
+            "tile's start plus tl.arange), before P enters any product, and the causal loop "
+            "must reach every tile that holds a pair the query sees. {advice}"
+        ).format(where=where, advice=advice)
     if device.type == "cuda":
         advice += " " + tr('On a GPU, tl.dot rounds float32 inputs to TF32 unless you pass input_precision="ieee".')  # fmt: skip
-    return head + " " + advice
+    return _then(head, advice)
 
 
 def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckResult:
@@ -1317,15 +2176,24 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
     Everywhere: dq, dk, dv against float64 within ALLOWED_FACTOR x plain PyTorch's float32
     error (helpers.attention_errors, FlashAttention's tests' rule), and no matrix
     product or attention kernel run by torch (seen at aten's level, autograd's included), nor
-    the chapter's backward under any name. On a CPU, Triton's interpreter runs the kernels one
+    the chapter's backward under any name, nor any torch result as large as the T x T scores,
+    and the gradients in q's dtype. T = 37 is no multiple of any tile: a kernel without
+    boundary masks fails there. On a CPU, Triton's interpreter runs the kernels one
     program at a time, so a race between programs (two of them loading, adding and storing
     the same dQ rows) loses no update there: the check instead records every address each
-    program stores to (the interpreter's store and atomic functions, patched) and fails when
-    two programs of one launch write the same element with a plain store, or when an element
-    returned was not stored by a kernel. What the CPU cannot check, and the check says so
-    after a pass: speed, TF32 rounding (input_precision), tiles too large for a GPU's shared
+    program stores to and loads from (the interpreter's load, store and atomic functions,
+    patched) and fails when two programs of one launch write the same element with a plain
+    store, when one program loads what another stored, or when an element returned was not
+    stored by a kernel. Each load and store is checked before it runs: one outside the
+    memory of the launch's tensors (an unmasked last tile) stops the kernel before it reads
+    or corrupts anything. The launches that computed each gradient must have run its
+    products with tl.dot, float32 ones at input_precision "ieee" (or "tf32x3"), and loaded
+    q, k, v, dO themselves; no launched kernel may be a copy of the chapter's (compared by
+    code, under any name or file). What the CPU cannot check, and the check says so after a
+    pass: speed, the timing of programs that run at once, tiles too large for a GPU's shared
     memory, and code the interpreter accepts but the compiler rejects. On a GPU the kernels
-    are compiled, their stores cannot be watched, and only the values and torch's ops are.
+    are compiled, their loads and stores cannot be watched, and only the values and torch's
+    ops are.
     """
     title = tr("Exercise 5, the backward in Triton")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -1348,8 +2216,9 @@ def check_triton_backward(fn: Callable[..., tuple[torch.Tensor, ...]]) -> CheckR
             )
         helper = _uses_chapter_backward(fn)
         expect(not helper, tr(_CHAPTER_BACKWARD_HINT).format(helper=helper))
+        # every probe without causal first: the causal hint counts on it (_backward_hint)
         for causal in (False, True):
-            for shape in ((1, 2, 40, 16), (2, 1, 64, 32)):
+            for shape in ((1, 2, 40, 16), (2, 1, 64, 32), (1, 2, 37, 16)):
                 _backward_probe(fn, shape, causal, device)
 
     result = run_check(title, probes)

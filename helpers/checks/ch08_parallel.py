@@ -4,13 +4,17 @@ Each runs the learner's function at three world sizes, as chapter 4's checkers d
 first in this process, in a one-rank gloo group whose environment says what torchrun would
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), then on 2 and on 3
 gloo ranks launched with torchrun (``helpers/scripts/ch08_exercise_check.py``; a launch takes a
-few seconds). Every collective the function calls is recorded (its name, whether it was async
-and waited for, whether it ran inside backward and on which tensor, p.grad itself or a copy),
-so that a right value reached the wrong way, or a wrong value, each gets its own hint. An
-untouched stub is recognised without launching anything. Values are compared with bounds
-from their cause: the gradients (exercise 3's, and the averaged piece ZeRO-1's reduce-scatter
-gives each rank) with an fp32 all-reduce's rounding of the ranks' own gradients, the ZeRO-1
-parameters with full Adam's on those same averaged gradients exactly (Adam is elementwise).
+few seconds). Every collective the function calls is recorded, however it is called
+(torch.distributed or distributed_c10d, by position or keyword, or the process group's own
+method): its name, its bytes, whether it was async and waited for before its result was used,
+whether it ran inside backward, in which thread and on which tensor (p.grad itself, a copy,
+the parameter), so that a right value reached the wrong way, or a wrong value, each gets its
+own hint. An untouched stub is recognised without launching anything. Values are compared
+with bounds from their cause: the gradients (exercise 3's, and the averaged piece ZeRO-1's
+reduce-scatter gives each rank) with an all-reduce's rounding, in the run's dtype, of the
+ranks' own gradients; ZeRO-1's Adam state for the shard with an Adam stepping the same piece
+alone, and its parameters with full Adam's on those same averaged gradients, exactly (Adam is
+elementwise); ZeRO-1's traffic with one reduce-scatter and one all-gather of the flat vector.
 """
 
 from __future__ import annotations
@@ -176,6 +180,14 @@ def exact_mean(results: list[dict], step: int) -> Mean:
     return mean, allreduce_rounding_bound(abs_sum, world)
 
 
+def rounding_bound(
+    abs_sum: list[torch.Tensor], world: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """allreduce_rounding_bound for a reduction in `dtype`: the same bound in its unit roundoff (chapter 8)."""
+    scale = torch.finfo(dtype).eps / torch.finfo(torch.float32).eps
+    return [b * scale for b in allreduce_rounding_bound(abs_sum, world)]
+
+
 def _close(got: list[torch.Tensor], want: Mean, scale: float = 1.0) -> bool:
     """Gradients equal to the exact mean times `scale`, within the rounding bound times `scale` (chapter 8)."""
     mean, bound = want
@@ -224,6 +236,30 @@ _AFTER_BACKWARD = tr_mark(
     "{n} of {params} gradients were not all-reduced during backward (only later, in finish()?): "
     "register the hook on every parameter, and start every all-reduce in its hook."
 )
+_OTHER_THREAD = tr_mark(
+    "an all-reduce ran in a thread of your own, not in the hook's: each rank's threads start "
+    "their collectives in whatever order they get to run, so the ranks can pair one gradient's "
+    "all-reduce with another's. Start the all-reduce in the hook itself, with async_op=True "
+    "(dist.all_reduce(p.grad, async_op=True) returns at once: backward goes on while it "
+    "travels), and wait for the works in finish()."
+)
+_PARAMETER = tr_mark(
+    "an all-reduce was given the parameter itself (p, p.detach() or p.data), not its gradient: "
+    "the weights were summed and the gradients never averaged. In the hook, all-reduce p.grad: "
+    "dist.all_reduce(p.grad, async_op=True)."
+)
+_VALUE = tr_mark(
+    "fut.value() ran before the future was waited for: value() does not wait, it reads a "
+    "future already complete (after fut.wait(), or inside a .then() callback) and fails on one "
+    "still in flight. Call fut.wait() on each future (or torch.futures.wait_all(futures)) in "
+    "finish()."
+)
+_IN_FLIGHT = tr_mark(
+    "you changed p.grad while its all-reduce was in flight (after dist.all_reduce(p.grad, "
+    "async_op=True), before its wait): the sum lands in p.grad when the all-reduce completes, "
+    "so a change made before that is mixed into it or lost, depending on timing. Divide after "
+    "wait(), in finish()."
+)
 _NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
     "work the hooks started (or wait on its future: fut.wait(), torch.futures.wait_all), before "
@@ -235,6 +271,7 @@ _NO_WAIT = tr_mark(
 def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     """The order of work of one step: in backward, async, on p.grad, waited, once each (chapter 8)."""
     calls = [c for c in step["calls"] if c["op"] == "all_reduce"]
+    expect(all(c["own thread"] for c in calls), at + tr(_OTHER_THREAD))
     during = [c for c in calls if c["in backward"]]
     expect(during, at + tr(_NOT_OVERLAPPED))
     expect(all(c["async"] for c in during), at + tr(_BLOCKING))
@@ -242,14 +279,20 @@ def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     # not p.grad's memory: a copy (same values, or another shape: a concatenation), else the
     # incoming gradient of a register_hook, not yet accumulated
     other = [c for c in during if not c["is a grad"]]
+    expect(not [c for c in other if c["a parameter"]], at + tr(_PARAMETER))
     expect(not [c for c in other if c["a copy of a grad"] or not c["param shape"]], at + tr(_COPY))
     expect(not other, at + tr(_TOO_EARLY))
     late = [c for c in during if not c["own hook"]]
     expect(not late, at + tr(_LATE).format(n=len(late)))
     missing = params - len({c["grad of"] for c in during})
     expect(missing <= 0, at + tr(_AFTER_BACKWARD).format(n=missing, params=params))
+    expect(not [c for c in calls if c["value before wait"]], at + tr(_VALUE))
     unwaited = [c for c in calls if c["async"] and not c["waited"]]
     expect(not unwaited, at + tr(_NO_WAIT).format(n=len(unwaited)))
+    # a list finish() never clears divides the new gradients while their all-reduces travel,
+    # after waiting for the old works: the stale entries, said by the values on the ranks
+    in_flight = [c for c in calls if c["written in flight"]]
+    expect(not in_flight or step["stale waits"], at + tr(_IN_FLIGHT))
     per_grad = sum(c["param shape"] for c in calls)
     expect(
         per_grad <= params,
@@ -270,6 +313,14 @@ def _expect_overlap_values(results: list[dict], rank: int) -> None:
         ref, where = exact_mean(results, step), at + tr("step {step}: ").format(step=step + 1)
         expect(got["grads"] is not None, where + tr("a parameter has no gradient after finish()."))
         g = got["grads"]
+        expect(
+            world == 2 or _close(g, ref) or not _close(g, ref, world / 2),
+            where
+            + tr(
+                "the gradients are {scale:g}x the mean: you divided by 2, not by the world size "
+                "({world} rank(s) here). Divide by dist.get_world_size()."
+            ).format(scale=world / 2, world=world),
+        )
         if world > 1 and not _close(g, ref):
             expect(
                 not _close(g, ref, world),
@@ -382,6 +433,93 @@ def _naive_wire(step: dict, world: int) -> tuple[int, float, float]:
     return w, wire_bytes("all_reduce", nbytes, w) + gather, wire_bytes("reduce_scatter", nbytes, w) + gather  # fmt: skip
 
 
+#: Why an async collective's result was used too early, in English (tr() them where they are shown).
+_UNWAITED = {
+    "never": tr_mark("never waited for"),
+    "pending at step": tr_mark("optimizer.step() ran before its wait"),
+    "written in flight": tr_mark("its tensors were written before its wait"),
+    "params written in flight": tr_mark("the parameters were written before its wait"),
+    "read in flight": tr_mark("its result was read before its wait"),
+}
+_WIRE_WHY = {
+    "more": tr_mark(
+        "A rank needs only its own piece of the averaged gradient: gathering the averaged "
+        "pieces as well (the whole mean on every rank) is the all-reduce again, by other names."
+    ),
+    "less": tr_mark(
+        "A collective moved less than the flat vector in the parameters' dtype: every piece "
+        "of the gradient and of the parameters must travel, in that dtype."
+    ),
+}
+
+
+def _expect_zero1_waits(step: dict, at: str) -> None:
+    """Every async collective of one ZeRO-1 step waited for before its result was used (chapter 8)."""
+    for call in step["calls"]:
+        if not call.get("async"):
+            continue
+        why = next(
+            (
+                why
+                for key, why in _UNWAITED.items()
+                if (not call["waited"] if key == "never" else call[key])
+            ),
+            None,
+        )
+        expect(
+            why is None,
+            at
+            + tr(
+                "dist.{op} was started with async_op=True and {why}: wait() for each async "
+                "collective before using its result. Keep the work it returns and call "
+                "work.wait() (or leave async_op out): until then its output may still be "
+                "arriving."
+            ).format(op=call["op"], why=tr(why or "")),
+        )
+
+
+def _wire_shares(step: dict, world: int) -> tuple[float, str]:
+    """Ring shares of the flat padded vector the step's collectives moved, and each call's (chapter 8).
+
+    A share is (W - 1)/W of the flat vector sent per rank: one for a reduce-scatter, an
+    all-gather (or any other collective) of the whole flat vector, two for an all-reduce.
+    """
+    start, stop = step["shard"]
+    flat = world * (stop - start) * step["after"].element_size()
+    each = [
+        (c["op"], (2 if c["op"] == "all_reduce" else 1) * c["bytes"] / flat)
+        for c in step["calls"]
+        if "bytes" in c
+    ]
+    said = (tr("dist.{op}: {shares:.3g} share(s)").format(op=op, shares=x) for op, x in each)
+    return sum(x for _, x in each), tr("; ").join(said)
+
+
+def _expect_zero1_wire(step: dict, world: int, at: str, more: bool) -> None:
+    """The step's collectives moved no more (`more`) or no less than ZeRO-1's two shares (chapter 8)."""
+    got, each = _wire_shares(step, world)
+    wrong = got > 2 + 1e-9 if more else got < 2 - 1e-9
+    w, _, zero1 = _naive_wire(step, world)
+    expect(
+        not wrong,
+        at
+        + tr(
+            "your step's collectives put {got:.3g} shares of the flat vector on the wire "
+            "({each}), ZeRO-1 exactly 2: one reduce-scatter of the flat padded gradient and one "
+            "all-gather of the updated pieces. In a ring each rank sends (W - 1)/W of the flat "
+            "vector per share: on {w} ranks {got_bytes:,.0f} bytes per rank per step against "
+            "{zero1:,.0f}. {why}"
+        ).format(
+            got=got,
+            each=each,
+            w=w,
+            got_bytes=zero1 * got / 2,
+            zero1=zero1,
+            why=tr(_WIRE_WHY["more" if more else "less"]),
+        ),  # fmt: skip
+    )
+
+
 def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
     """The collectives of one ZeRO-1 step: a reduce-scatter, the step, an all-gather; no all-reduce (chapter 8)."""
     ops = [c["op"] for c in step["calls"]]
@@ -399,7 +537,27 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
             "bytes), exactly what DDP's all-reduce alone does."
         ).format(w=w, naive=naive, zero1=zero1),
     )
+    _expect_zero1_waits(step, at)
+    expect(
+        "step" in ops or not step["other optimizers"],
+        at
+        + tr(
+            "the optimizer you were given was never stepped, but another one was (a new "
+            "torch.optim.Adam in each call?): its moments start from zero at every step. Call "
+            "optimizer.step() on the optimizer you were given: it keeps the shard's state from "
+            "one step to the next."
+        ),
+    )
     expect("step" in ops, at + tr("optimizer.step() was never called: it updates your shard."))
+    expect(
+        ops.count("step") == 1,
+        at
+        + tr(
+            "optimizer.step() ran {n} times in one call: Adam's step count and moments moved "
+            "{n} times for one gradient. Call it once, between the reduce-scatter and the "
+            "all-gather."
+        ).format(n=ops.count("step")),
+    )
     scatters = [i for i, op in enumerate(ops) if op.startswith("reduce_scatter")]
     expect(
         scatters and scatters[0] < ops.index("step"),
@@ -431,6 +589,7 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
             "Step first, then gather."
         ),
     )
+    _expect_zero1_wire(step, world, at, more=True)
 
 
 def _recommended(name: str) -> str:
@@ -459,15 +618,37 @@ def _expect_zero1_grad(results: list[dict], dtype: str, i: int, rank: int, at: s
         ).format(got=tuple(got.shape), want=(stop - start,)),
     )
     local = [r[dtype][i]["local grad"].double()[start:stop] for r in results]
-    ref = ([sum(local) / world], allreduce_rounding_bound([sum(g.abs() for g in local)], world))
-    if world > 1 and not _close([got], ref):
+    mean, abs_sum = [sum(local) / world], [sum(g.abs() for g in local)]
+    ref = (mean, rounding_bound(abs_sum, world, getattr(torch, dtype)))
+    if not _close([got], ref):
         expect(
-            not _close([got], ref, world),
+            world == 1 or not _close([got], ref, world),
             at
             + tr(
                 "shard.grad is {world}x the mean: a reduce-scatter sums every rank's piece. "
                 "Divide it by dist.get_world_size() before optimizer.step()."
             ).format(world=world),
+        )
+        expect(
+            world == 2 or not _close([got], ref, world / 2),
+            at
+            + tr(
+                "shard.grad is {scale:g}x the mean: you divided by 2, not by the world size "
+                "({world} rank(s) here). Divide by dist.get_world_size()."
+            ).format(scale=world / 2, world=world),
+        )
+        expect(
+            dtype != "float64"
+            or not _close(
+                [got], (mean, rounding_bound(abs_sum, world, torch.float32))
+            ),  # fmt: skip
+            at
+            + tr(
+                "shard.grad is off by float32 rounding in the float64 run: the gradient passed "
+                "through float32 (torch.zeros(n) or torch.empty(n) without a dtype makes a "
+                "float32 buffer). Make the flat gradient and the piece in the gradients' dtype: "
+                "torch.empty_like(shard), or dtype=shard.dtype."
+            ),
         )
     expect(
         _close([got], ref),
@@ -478,6 +659,72 @@ def _expect_zero1_grad(results: list[dict], dtype: str, i: int, rank: int, at: s
             "of params, pad with zeros to world x shard.numel(), reduce-scatter it and divide by "
             "the world size."
         ).format(first=start, last=stop - 1),
+    )
+    expect(
+        step["shard grad storage"] <= step["shard bytes"],
+        at
+        + tr(
+            "shard.grad is a view of a buffer of {got:,} bytes, the shard's piece needs "
+            "{want:,}: as long as shard.grad lives (until the next step replaces it) it keeps "
+            "that whole buffer alive, the memory ZeRO-1 saves. Make shard.grad a tensor of its "
+            "own: reduce-scatter into torch.empty_like(shard), or .clone() the piece."
+        ).format(got=step["shard grad storage"], want=step["shard bytes"]),
+    )
+
+
+def adam_reference(results: list[dict], dtype: str, rank: int) -> list[dict[str, Any]]:
+    """The state of an Adam that steps this rank's piece alone, once per call, on its shard.grad (chapter 8).
+
+    Each step's gradient is the shard's gradient the learner's optimizer.step() saw, already
+    compared with the mean of every rank's own: the moments and step count must equal these
+    to the bit (Adam is elementwise, foreach=False on both sides).
+    """
+    steps, world = results[rank][dtype], len(results)
+    (start, stop), first = steps[0]["shard"], steps[0]["before"]
+    piece = nn.functional.pad(first, (0, world * (stop - start) - first.numel()))[start:stop]
+    piece = piece.clone()
+    adam, states = torch.optim.Adam([piece], lr=task.LR, foreach=False), []
+    for step in steps:
+        piece.grad = step["shard grad"].to(piece.dtype)
+        adam.step()
+        st = adam.state[piece]
+        states.append({"exp_avg": st["exp_avg"].clone(), "exp_avg_sq": st["exp_avg_sq"].clone(), "step": float(st["step"])})  # fmt: skip
+    return states
+
+
+def _expect_zero1_moments(step: dict, want: dict[str, Any], at: str) -> None:
+    """Adam's state for the shard after one call: the reference's moments and step count, to the bit (chapter 8)."""
+    got = step["adam state"]
+    if not got:
+        detail = tr("optimizer.state holds nothing for the shard")
+    elif got.get("step") != want["step"]:
+        count = got.get("step")
+        reset = isinstance(count, float) and count < want["step"]
+        detail = (
+            tr("its step count is {got}, not {want}: its state was reset")
+            if reset
+            else tr("its step count is {got}, not {want}")
+        ).format(got=f"{count:g}" if isinstance(count, float) else count, want=f"{want['step']:g}")
+    elif not all(
+        torch.is_tensor(got.get(k)) and torch.equal(got[k], want[k]) for k in ("exp_avg", "exp_avg_sq")
+    ):  # fmt: skip
+        worst = max(
+            (got[k] - want[k]).abs().max().item()
+            if torch.is_tensor(got.get(k)) and got[k].shape == want[k].shape
+            else float("inf")
+            for k in ("exp_avg", "exp_avg_sq")
+        )
+        detail = tr("its moments exp_avg and exp_avg_sq differ by up to {worst:.2g}").format(worst=worst)  # fmt: skip
+    else:
+        return
+    raise CheckFailed(
+        at
+        + tr(
+            "Adam's state for the shard differs from that of an Adam that steps the same piece "
+            "alone, once per call: {detail}. Keep the optimizer you were given, with its state, "
+            "from one call to the next (no optimizer.state.clear(), no new optimizer), and call "
+            "optimizer.step() once per call: the moments average the gradients over the steps."
+        ).format(detail=detail)
     )
 
 
@@ -502,7 +749,7 @@ def zero1_reference(results: list[dict], dtype: str) -> list[torch.Tensor]:
     return wants
 
 
-def _expect_zero1_values(step: dict, want: torch.Tensor, at: str) -> None:
+def _expect_zero1_values(step: dict, want: torch.Tensor, state: dict, world: int, at: str) -> None:
     """One ZeRO-1 step's parameters against full Adam's on the same gradients: equal to the bit (chapter 8).
 
     Adam is elementwise and both optimizers run its same per-tensor code (foreach=False) on the
@@ -533,6 +780,18 @@ def _expect_zero1_values(step: dict, want: torch.Tensor, at: str) -> None:
         ).format(got=step["state bytes"], most=most),
     )
     expect(
+        step["held bytes"] <= most,
+        at
+        + tr(
+            "the optimizer holds {got:,} bytes of tensors between steps (its state and what "
+            "you keep on it, the collectives' buffers left out), but ZeRO-1 keeps only this "
+            "rank's piece: Adam's two moments of the shard, {most:,} bytes. Full-size moments "
+            "kept anywhere, stepped with torch.optim.adam.adam or by hand, put the whole state "
+            "back on every rank: step only the optimizer you were given, over the shard."
+        ).format(got=step["held bytes"], most=most),
+    )
+    _expect_zero1_moments(step, state, at)
+    expect(
         step["shard moved"],
         at
         + tr(
@@ -549,6 +808,8 @@ def _expect_zero1_values(step: dict, want: torch.Tensor, at: str) -> None:
         ),
     )
     _expect_zero1_equal(step, want, at)
+    if world > 1:  # at one rank nothing travels (and no all-gather is needed)
+        _expect_zero1_wire(step, world, at, more=False)
 
 
 def _expect_zero1_equal(step: dict, want: torch.Tensor, at: str) -> None:
@@ -604,9 +865,10 @@ def _expect_zero1(results: list[dict]) -> None:
                 _expect_zero1_calls(res[dtype][i], world, at(rank, i))
                 _expect_zero1_grad(results, dtype, i, rank, at(rank, i))
         wants = zero1_reference(results, dtype)
+        states = [adam_reference(results, dtype, rank) for rank in range(world)]
         for i in steps:
             for rank, res in enumerate(results):
-                _expect_zero1_values(res[dtype][i], wants[i], at(rank, i))
+                _expect_zero1_values(res[dtype][i], wants[i], states[rank][i], world, at(rank, i))
 
 
 def check_zero1_step(zero1_step: Callable[..., None]) -> CheckResult:

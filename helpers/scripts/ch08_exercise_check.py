@@ -14,13 +14,16 @@ raises a plain error in the rank before gloo's own check, which aborts the proce
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import inspect
 import itertools
 import os
 import pickle
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.variable import Variable
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.overrides import TorchFunctionMode
 
 from helpers.checks import is_stub_error
 from helpers.comm_overlap import shard_bounds
@@ -70,9 +75,7 @@ class RecordedWork:
         self.work, self.call, self.state = work, call, state
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self.call["waited"] = True
-        # a wait inside backward (in a hook) stops backward until the sum has arrived
-        self.call["waited in backward"] |= self.state.get("in backward", False)
+        waited(self.call, self.state)
         return self.work.wait(*args, **kwargs)
 
     def get_future(self) -> Any:
@@ -84,14 +87,20 @@ class RecordedWork:
         waited(self.call, self.state, done, poll=True)
         return done
 
+    def __getattr__(self, name: str) -> Any:  # the rest of torch's Work: exception(), result() ...
+        return getattr(self.work, name)
+
 
 def waited(call: dict, state: dict, done: bool = True, poll: bool = False) -> None:
-    """Note a wait on call's work: wait(), a future's wait() or value(), or a poll that said done (chapter 8).
+    """Note a wait on call's work: wait(), a future's wait(), or a poll that said done (chapter 8).
 
     A poll that said "not yet" and then "done" inside backward waited there (a busy wait in a
-    hook); one that said "done" at once did not stop backward.
+    hook); one that said "done" at once did not stop backward. A wait on an earlier step's work
+    is noted in the state: a list finish() never cleared.
     """
     in_backward = state.get("in backward", False)
+    if isinstance(call.get("step"), int) and call["step"] != state.get("step"):
+        state["stale waits"] = True
     if not done:
         call["polled in backward"] = in_backward
         return
@@ -121,9 +130,12 @@ def in_callback(callback: Any) -> Any:
 class WatchedFuture(torch.futures.Future):
     """A collective's future, or one chained from it, noting when the learner waits on it (chapter 8).
 
-    It completes with its source; wait() and value() note a wait on every collective it
-    depends on, then() and add_done_callback() chain watched futures, done() True counts as
-    a poll that said done. torch.futures.wait_all and collect_all are watched in recording().
+    It completes with its source; wait() notes a wait on every collective it depends on,
+    then() and add_done_callback() chain watched futures, done() True counts as a poll that
+    said done. value() is no wait (torch's reads a future already complete and fails on one
+    in flight): one before any wait is noted, and waited for here instead of failing, so that
+    the check says so whatever the timing. torch.futures.wait_all and collect_all are watched
+    in recording().
     """
 
     def __init__(self, source: Any, calls: list[dict], state: dict) -> None:
@@ -149,7 +161,11 @@ class WatchedFuture(torch.futures.Future):
         return super().wait()
 
     def value(self) -> Any:
-        self.note()
+        early = [c for c in self.calls if not c["waited"]]
+        if early and not getattr(_IN_CALLBACK, "on", False):
+            for call in early:
+                call["value before wait"] = True
+            super().wait()  # torch's value() would fail on a future still in flight
         return super().value()
 
     def done(self) -> bool:
@@ -175,6 +191,11 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b share memory: one is a view of the other, or both of one tensor (chapter 8)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
+
+
 #: The flat collectives: (output, input) tensors, the output world times the input (an all-gather)
 #: or the input world times the output (a reduce-scatter).
 FLAT = {
@@ -191,12 +212,9 @@ _UNEVEN = tr_mark(
 )
 
 
-def same_sizes(name: str, output: Any, args: tuple, kwargs: dict) -> None:
+def same_sizes(name: str, output: Any, given: Any) -> None:
     """Raise a plain error here, before gloo's own check aborts the process (torch 2.5) (chapter 8)."""
-    if name not in FLAT:
-        return
-    given = args[0] if args else kwargs.get("input", kwargs.get("input_tensor"))
-    if not (torch.is_tensor(output) and torch.is_tensor(given)):
+    if name not in FLAT or not (torch.is_tensor(output) and torch.is_tensor(given)):
         return
     world = dist.get_world_size()
     flat, piece = (output, given) if FLAT[name] == "gather" else (given, output)
@@ -268,51 +286,226 @@ def watch_futures(state: dict) -> dict[str, Any]:
     return {"wait_all": wait_all, "collect_all": collect_all}
 
 
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors a collective was given as one argument: a tensor, or a list of them (chapter 8)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if torch.is_tensor(t)]
+    return []
+
+
+def buffer_bytes(name: str, first: Any, second: Any) -> int:
+    """Bytes of the whole buffer a collective moves: the flat (or listed) one of a gather or a
+    scatter, the tensor of an all-reduce or a broadcast (chapter 8)."""
+    scatters = name.startswith("reduce_scatter") or name == "scatter"
+    whole = tensors_in(second if scatters else first)
+    return sum(t.numel() * t.element_size() for t in whole)
+
+
+#: The process group's own methods the recorder watches, under the dist name they count as
+#: (pg.allreduce([t]) is the all-reduce dist.all_reduce(t) runs); always async, they return a work.
+GROUP_METHODS = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather_single",
+    "_reduce_scatter_base": "reduce_scatter_single",
+}
+
+#: Set while a watched collective runs: a watched one it calls (a deprecated name calls the new
+#: one, dist.all_reduce the group's allreduce) is the same collective, not another.
+_INSIDE = threading.local()
+
+
+def recorder(params: list[torch.Tensor], state: dict, calls: list[dict]) -> Any:
+    """A function that records one collective's call and runs it: see recording() (chapter 8)."""
+
+    def record(name: str, real: Any, first: Any, second: Any, async_op: bool) -> Any:
+        _INSIDE.on = True  # the recorder's own reads of the gradients are no learner's
+        try:
+            return recorded(name, real, first, second, async_op)
+        finally:
+            _INSIDE.on = False
+
+    def recorded(name: str, real: Any, first: Any, second: Any, async_op: bool) -> Any:
+        tensor = next(iter(tensors_in(first) or tensors_in(second)), None)
+        done = [p.grad for p in params if p.grad is not None]  # gradients accumulated so far
+        grad_of = next(
+            (
+                i
+                for i, p in enumerate(params)
+                if p.grad is not None and tensor is not None and same_memory(tensor, p.grad)
+            ),
+            None,
+        )
+        record = {
+            "op": name,
+            "async": async_op,
+            "in backward": state.get("in backward", False),
+            "step": state.get("step"),  # exercise 3's steps: None at setup and in exercise 4
+            "own thread": threading.get_ident() == state.get("thread", threading.get_ident()),
+            "is a grad": grad_of is not None,
+            # started in the hook of the gradient it reduces: the one accumulated last
+            "own hook": grad_of is not None and grad_of == state.get("latest"),
+            "grad of": grad_of,
+            "a copy of a grad": tensor is not None
+            and grad_of is None
+            and any(tensor.shape == g.shape and torch.equal(tensor, g) for g in done),
+            "a parameter": tensor is not None and any(same_storage(tensor, p) for p in params),
+            "param shape": tensor is not None and any(tensor.shape == p.shape for p in params),
+            "bytes": buffer_bytes(name, first, second),
+            "waited": False,
+            "waited in backward": False,
+            "value before wait": False,
+            "written in flight": False,
+            "params written in flight": False,
+            "read in flight": False,
+            "pending at step": False,
+            # for WriteWatch and the state count, dropped from the results (public())
+            "_tensors": tensors_in(first) + tensors_in(second),
+            "_outputs": tensors_in(first),  # the output, or the tensor reduced in place
+        }
+        calls.append(record)
+        same_collective(name)
+        same_sizes(name, first, second)
+        work = real()
+        return RecordedWork(work, record, state) if work is not None else None
+
+    return record
+
+
+def span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage, first byte, one past the last byte) of the memory a tensor covers (chapter 8)."""
+    if not t.numel():
+        return 0, 0, 0
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.untyped_storage().data_ptr(), t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b cover some of the same memory (chapter 8)."""
+    (sa, lo_a, hi_a), (sb, lo_b, hi_b) = span(a), span(b)
+    return sa == sb != 0 and lo_a < hi_b and lo_b < hi_a
+
+
+def written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a torch function writes in place: self of div_, /=, copy_, _foreach_div_ or
+    t[i] = ..., out= of torch.div(..., out=) (chapter 8)."""
+    name = getattr(func, "__name__", "")
+    in_place = name == "__setitem__" or (
+        name.endswith("_") and not name.startswith("__") and name not in _NO_WRITE
+    )
+    in_place |= name.startswith("__i") and name.endswith("__")  # __iadd__, __itruediv__ ...
+    return (tensors_in(args[0]) if in_place and args else []) + tensors_in(kwargs.get("out"))
+
+
+#: Names ending in "_" that write no tensor's values.
+_NO_WRITE = {"requires_grad_", "share_memory_", "retain_grad_"}
+#: Torch functions that read no tensor's values: its metadata, or a view of it.
+_NO_READ = {
+    "__get__", "__len__", "__getitem__", "numel", "size", "dim", "element_size", "data_ptr",
+    "is_contiguous", "stride", "storage_offset", "untyped_storage", "view", "view_as",
+    "reshape", "flatten", "unflatten", "split", "chunk", "narrow", "unbind", "detach",
+}  # fmt: skip
+
+
+def given_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Every tensor a torch function was given, alone or in a list (chapter 8)."""
+    return [t for value in (*args, *kwargs.values()) for t in tensors_in(value)]
+
+
+class WriteWatch(TorchFunctionMode):
+    """Notes the learner's in-place writes, in its own thread, into an async collective's tensors
+    (or, for an all-gather, into the parameters), and its reads of the collective's output,
+    before its wait (chapter 8).
+
+    Seen as torch functions (a mode, so only in the thread that runs the learner's code and its
+    hooks: run_backward keeps it on during backward): p.grad /= world in the hook while its
+    all-reduce travels, the parameters copied from an all-gather's buffer before its wait. The
+    collective's own writes (in gloo's threads, or inside the call), the recorder's reads and
+    what a callback chained with .then() does (once the collective is complete) are no race;
+    nor is a view of the output or a look at its size.
+    """
+
+    def __init__(self, calls: list[dict], params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.calls, self.params = calls, params
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:  # fmt: skip
+        kwargs = kwargs or {}
+        busy = getattr(_INSIDE, "on", False) or getattr(_IN_CALLBACK, "on", False)
+        pending = [] if busy else [c for c in self.calls if c.get("async") and not c["waited"]]
+        writes = written(func, args, kwargs) if pending else []
+        reads = [] if not pending or getattr(func, "__name__", "") in _NO_READ else given_tensors(args, kwargs)  # fmt: skip
+        for call in pending:
+            if any(overlaps(w, t) for w in writes for t in call["_tensors"]):
+                call["written in flight"] = True
+            if call["op"].startswith("all_gather") and any(
+                overlaps(w, p) for w in writes for p in self.params
+            ):
+                call["params written in flight"] = True
+            if any(overlaps(r, t) for r in reads for t in call["_outputs"]):
+                call["read in flight"] = True
+        return func(*args, **kwargs)
+
+
+def run_backward(loss: torch.Tensor) -> None:
+    """loss.backward() through autograd's engine itself, so that a torch-function mode stays on
+    in the hooks (loss.backward() would take it off for the whole backward) (chapter 8)."""
+    Variable._execution_engine.run_backward(
+        (loss,), (torch.ones_like(loss),), False, False, (), True, True
+    )  # tensors, grads, keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad
+
+
+def public(call: dict) -> dict:
+    """A recorded call without its tensors and counters, as the results keep it (chapter 8)."""
+    return {k: v for k, v in call.items() if not k.startswith("_")}
+
+
 @contextlib.contextmanager
 def recording(params: list[torch.Tensor], state: dict, spaces: tuple[dict, ...] = ()) -> Iterator[list[dict]]:  # fmt: skip
     """Record every watched collective called inside: name, async, in backward, grad or not (chapter 8).
 
-    Patched in torch.distributed and under any name in `spaces` (the learner's globals:
-    `from torch.distributed import all_reduce` ran before the patch). Not in distributed_c10d,
-    where torch 2.13's deprecated names call the new ones (each call would count twice).
+    Patched in torch.distributed, in distributed_c10d (where torch defines them), under any name
+    in `spaces` (the learner's globals: `from torch.distributed import all_reduce` ran before
+    the patch), and as the process group's own methods (GROUP_METHODS). Arguments by position
+    or by keyword, as each collective's signature names them. A watched collective that calls
+    another (torch 2.13's deprecated names call the new ones) counts once, under the name the
+    learner called.
     """
     calls: list[dict] = []
+    record = recorder(params, state, calls)
     real = {name: getattr(dist, name) for name in WATCHED if hasattr(dist, name)}
 
     def watch(name: str) -> Any:
-        def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            first = tensor if torch.is_tensor(tensor) else (args[0] if args else None)
-            done = [p.grad for p in params if p.grad is not None]  # gradients accumulated so far
-            grad_of = next(
-                (
-                    i
-                    for i, p in enumerate(params)
-                    if p.grad is not None and torch.is_tensor(first) and same_memory(first, p.grad)
-                ),
-                None,
-            )
-            record = {
-                "op": name,
-                "async": bool(kwargs.get("async_op", False)),
-                "in backward": state.get("in backward", False),
-                "is a grad": grad_of is not None,
-                # started in the hook of the gradient it reduces: the one accumulated last
-                "own hook": grad_of is not None and grad_of == state.get("latest"),
-                "grad of": grad_of,
-                "a copy of a grad": torch.is_tensor(first)
-                and grad_of is None
-                and any(first.shape == g.shape and torch.equal(first, g) for g in done),
-                "param shape": any(
-                    torch.is_tensor(first) and first.shape == p.shape for p in params
-                ),
-                "waited": False,
-                "waited in backward": False,
-            }
-            calls.append(record)
-            same_collective(name)
-            same_sizes(name, tensor, args, kwargs)
-            work = real[name](tensor, *args, **kwargs)
-            return RecordedWork(work, record, state) if work is not None else None
+        signature = inspect.signature(real[name])
+        first, second = (list(signature.parameters) + [""])[:2]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            def run() -> Any:
+                return real[name](*args, **kwargs)
+
+            if getattr(_INSIDE, "on", False):
+                return run()
+            try:
+                given = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                return run()  # torch's own error for arguments that fit no signature
+            async_op = bool(given.get("async_op", False))
+            return record(name, run, given.get(first), given.get(second), async_op)
+
+        return call
+
+    def watch_method(method: str) -> Any:
+        real_method = getattr(dist.ProcessGroup, method)
+
+        def call(group: Any, *args: Any, **kwargs: Any) -> Any:
+            def run() -> Any:
+                return real_method(group, *args, **kwargs)
+
+            if getattr(_INSIDE, "on", False):
+                return run()
+            first, second = (list(args) + [None, None])[:2]
+            return record(GROUP_METHODS[method], run, first, second, True)
 
         return call
 
@@ -320,19 +513,32 @@ def recording(params: list[torch.Tensor], state: dict, spaces: tuple[dict, ...] 
     futures = watch_futures(state)
     by_object = {id(real[n]): f for n, f in watched.items()}
     by_object.update({id(getattr(torch.futures, n)): f for n, f in futures.items()})
-    patches = [(dist, n, f) for n, f in watched.items()]
+    patches = [
+        (owner, n, f)
+        for n, f in watched.items()
+        for owner in (dist, dist.distributed_c10d)
+        if n in vars(owner)
+    ]  # fmt: skip
     patches += [(torch.futures, n, f) for n, f in futures.items()]
+    patches += [
+        (dist.ProcessGroup, m, watch_method(m))
+        for m in GROUP_METHODS
+        if m in vars(dist.ProcessGroup)
+    ]  # fmt: skip
     undo = []
     try:
         for owner, name, fn in patches:
-            undo.append((owner, name, getattr(owner, name)))
+            # the class's own entry, not getattr's: a method of a compiled class read through
+            # the class is no longer bound to its instances once set back
+            undo.append((owner, name, vars(owner)[name]))
             setattr(owner, name, fn)
         for space in spaces:
             for name, value in list(space.items()):
                 if id(value) in by_object:
                     undo.append((space, name, value))
                     space[name] = by_object[id(value)]
-        yield calls
+        with WriteWatch(calls, params):
+            yield calls
     finally:
         for owner, name, fn in reversed(undo):
             if isinstance(owner, dict):
@@ -363,19 +569,21 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
     .grad before any all-reduce), from which the checker computes the exact mean over the ranks.
     """
     model = make_mlp(SIZES, seed=3)
-    params, state, weights = list(model.parameters()), {}, flat_params(model)
+    params, weights = list(model.parameters()), flat_params(model)
+    state: dict[str, Any] = {"thread": threading.get_ident()}  # where backward runs the hooks
     steps = []
     for i, p in enumerate(params):  # registered first, so it runs before the learner's hook
         p.register_post_accumulate_grad_hook(lambda p, i=i: state.update(latest=i))
     with recording(params, state, (getattr(fn, "__globals__", {}),)) as calls:
         finish = fn(model)
-        setup = [dict(c) for c in calls]
+        setup = [public(c) for c in calls]
         for step in range(STEPS):
             model.zero_grad(set_to_none=True)
             x, y = rank_batch(ctx, step)
             loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
             start, state["in backward"], state["latest"] = len(calls), True, None
-            loss.backward()
+            state["step"], state["stale waits"] = step, False
+            run_backward(loss)
             state["in backward"], state["latest"] = False, None
             if callable(finish):
                 finish()
@@ -385,7 +593,8 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
                 {
                     "grads": got,
                     "local grads": local_grads(ctx, step),
-                    "calls": [dict(c) for c in calls[start:]],
+                    "calls": [public(c) for c in calls[start:]],
+                    "stale waits": state["stale waits"],
                 }
             )
         for record, call in zip(setup, calls):
@@ -416,22 +625,87 @@ def state_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
     )
 
 
+#: Objects whose attributes hold no state of the learner's: walked past by reachable_tensors.
+_OPAQUE = (
+    type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+    functools.partial, str, bytes, int, float, complex, bool, type(None),
+)  # fmt: skip
+
+
+def reachable_tensors(roots: list[Any], limit: int = 20_000) -> list[torch.Tensor]:
+    """Every tensor reachable from `roots` through containers and objects' attributes (chapter 8).
+
+    What an optimizer object holds between steps: its state and param_groups, and whatever the
+    learner hung on it (optimizer.full_state = {...}, optimizer.buffers = [...]).
+    """
+    found, seen, todo = [], set(), list(roots)
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        if torch.is_tensor(obj):
+            found.append(obj)
+        elif isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            todo += list(obj)
+        else:
+            with contextlib.suppress(TypeError):  # an object without a __dict__
+                todo += list(vars(obj).values())
+    return found
+
+
+def held_bytes(roots: list[Any], exclude: list[torch.Tensor]) -> int:
+    """Bytes of the storages of the tensors reachable from `roots`, each once, those of `exclude` left out (chapter 8)."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    total, counted = 0, set()
+    for t in reachable_tensors(roots):
+        if not t.dim() or not t.numel():
+            continue  # a step counter, or nothing
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip | counted:
+            counted.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
 def recorded_step(
     real_step: Any, shard: torch.Tensor, calls: list[dict], seen: dict, *args: Any, **kwargs: Any
 ) -> Any:
-    """optimizer.step(), noting the call and the shard's gradient at that moment (chapter 8)."""
+    """optimizer.step(), noting the call, the async collectives not yet waited for and the
+    shard's gradient at that moment (chapter 8)."""
+    for call in calls:
+        if call.get("async") and not call["waited"]:
+            call["pending at step"] = True  # the step reads what it may still be writing
     calls.append({"op": "step"})
-    seen["grad"] = None if shard.grad is None else shard.grad.detach().cpu().clone()
+    grad = shard.grad
+    seen["grad"] = None if grad is None else grad.detach().cpu().clone()
+    seen["grad storage"] = None if grad is None else grad.untyped_storage().nbytes()
     return real_step(*args, **kwargs)
+
+
+def adam_state(opt: torch.optim.Optimizer, shard: torch.Tensor) -> dict[str, Any] | None:
+    """The state the given Adam holds for the shard: its moments and step count (chapter 8)."""
+    state = opt.state.get(shard) if isinstance(opt.state, dict) else None
+    if not state:
+        return None
+    return {
+        k: (v.detach().cpu().clone() if v.dim() else float(v)) if torch.is_tensor(v) else v
+        for k, v in state.items()
+        if k in ("exp_avg", "exp_avg_sq", "step")
+    }
 
 
 def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
     """Two ZeRO-1 steps of the learner's from this rank's own gradients, with what they did (chapter 8).
 
     Each step records this rank's own flat padded gradient (before any collective), the
-    shard's gradient when the learner called optimizer.step() (the averaged piece it must be),
-    the parameters before and after, the optimizer state held and every collective called;
-    the checker computes the exact mean over the ranks and full Adam's parameters from them.
+    shard's gradient when the learner called optimizer.step() (the averaged piece it must be)
+    and the size of the memory it keeps alive, the parameters before and after, the optimizer
+    state held (Adam's state for the shard, and every tensor kept on the optimizer object or
+    in the optimizers stepped) and every collective called; the checker computes the exact
+    mean over the ranks and full Adam's parameters from them.
     """
     model = make_mlp(SIZES, seed=3).to(dtype)
     params = list(model.parameters())
@@ -460,20 +734,28 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
         finally:
             opt.step = real_step
             counted.remove()
+        # the collectives' own buffers (a flat gradient kept for the next step) are no state
+        buffers = [t for c in calls for t in c.get("_tensors", [])]
         out.append(
             {
                 "before": before,
                 "after": flat_params(model),
                 "local grad": local,
                 "shard grad": seen.get("grad"),
+                "shard grad storage": seen.get("grad storage"),
                 "shard moved": not torch.equal(shard.detach(), shard_before),
                 # the optimizer state this rank holds: every optimizer stepped, its tensors
                 "state bytes": state_bytes(list(stepped.values()) or [opt]),
+                "held bytes": held_bytes(
+                    [opt, *stepped.values()], [*params, shard, *buffers, *tensors_in(shard.grad)]
+                ),
+                "adam state": adam_state(opt, shard),
+                "other optimizers": len([k for k in stepped if k != id(opt)]),
                 "shard bytes": shard.numel() * shard.element_size(),
                 "replaced": [
                     i for i, (p, ptr) in enumerate(zip(params, storage)) if p.data_ptr() != ptr
                 ],  # fmt: skip
-                "calls": [dict(c) for c in calls],
+                "calls": [public(c) for c in calls],
                 "dtype": str(dtype),
                 "shard": (start, stop),
             }
