@@ -8,6 +8,7 @@ notebook with ``helpers.launch.script_source``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -56,7 +57,7 @@ _COLUMNS = (
 ONE_BUCKET = tr_mark("one bucket for all")
 #: A swept cap's name in the sweep's verdicts (compare_rows formats the row's "cap MiB" with it).
 CAP_LABEL = tr_mark("cap {:.2f} MiB")
-#: What the profiler calls an all-reduce on its timeline: gloo's thread on CPU, NCCL's kernels on GPU.
+#: What the profiler calls an all-reduce on its timeline: gloo's threads on CPU, NCCL's kernels on GPU.
 TRACE_COMM = ("gloo:all_reduce", "nccl")
 
 
@@ -224,15 +225,22 @@ def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] 
     bucket's fill time s B / G and the calls' G alpha / s trade off: s* = G sqrt(alpha / B).
     Where it can keep up (beta G < B), s = G alpha / (B - beta G), the smallest bucket that
     does, leaves only its own alpha + s beta exposed. The candidate with the smaller wait wins
-    (model_bucket_size). Predicted wherever the fit is usable (alpha >= 0, beta > 0); where the
-    line also misses the measured times, "line fits" is False and the prediction a rough guide.
+    (model_bucket_size). That closed form assumes equal buckets; the real gradients close a
+    bucket only once it holds the cap, in whole gradients, so the model then plays the caps at
+    which a bucket closes (the running sums of the sizes), and the closed form's, out one by
+    one (bucket_wait) and keeps the one that waits least (the nearest to the closed form on a
+    tie). Predicted wherever the fit is usable (alpha >= 0, beta > 0); where the line misses the
+    measured times or their repeats are too noisy to test it, "line fits" is False, "missed"
+    says which, and the prediction is a rough guide.
     """
     if not usable(fit):
         return None
     sizes, alpha, beta = result["backward order bytes"], fit["alpha s"], fit["beta s/B"]
     g, b = sum(sizes), backward_ms(result, "flat") / 1e3
     size, rule = model_bucket_size(g, alpha, beta, b)
-    cap = min(max(1, math.ceil(size)), g)
+    closed = min(max(1, math.ceil(size)), g)
+    caps = {closed, *itertools.accumulate(sizes)}
+    cap = min(sorted(caps), key=lambda c: (bucket_wait(sizes, c, alpha, beta, b), abs(c - size)))
     return {
         "bytes": size,
         "cap bytes": cap,
@@ -242,6 +250,7 @@ def model_bucket(result: dict[str, Any], fit: dict[str, Any]) -> dict[str, Any] 
         "B s": b,
         "wait s": bucket_wait(sizes, cap, alpha, beta, b),
         "line fits": bool(fit.get("fits")),
+        "missed": bool(fit.get("outside the spread")),
     }
 
 
@@ -301,11 +310,12 @@ def predicted_vs_best(
         return measured + tr("; no model to compare")
     mib = model["cap bytes"] / MiB
     said = tr(
-        "model: {rule} = {size:.3g} MiB (G = {g:.3g} MiB, B = {b:.3g} ms): {buckets} bucket(s), "
-        "a predicted wait of {wait:.3g} ms; {measured}"
+        "model: {rule} = {size:.3g} MiB (G = {g:.3g} MiB, B = {b:.3g} ms); played out over the "
+        "gradients' sizes, cap {cap:.3g} MiB: {buckets} bucket(s), a predicted wait of "
+        "{wait:.3g} ms; {measured}"
     ).format(
         rule=model["rule"], size=model["bytes"] / MiB, g=model["G bytes"] / MiB,
-        b=model["B s"] * 1e3, buckets=model["buckets"], wait=model["wait s"] * 1e3,
+        b=model["B s"] * 1e3, cap=mib, buckets=model["buckets"], wait=model["wait s"] * 1e3,
         measured=measured,
     )  # fmt: skip
     near = min(rows, key=lambda r: abs(math.log(r["cap MiB"] / mib)))
@@ -317,10 +327,15 @@ def predicted_vs_best(
         said += tr(
             "; the swept cap nearest the model's, {cap:.2f} MiB, against the best: {verdict}"
         ).format(cap=near["cap MiB"], verdict=verdict(near))
-    if not model.get("line fits", True):
+    if not model.get("line fits", True) and model.get("missed", True):
         said += tr(
             "; the line missed the measured all-reduce times: the model is a rough guide, the "
             "sweep is the judge"
+        )
+    elif not model.get("line fits", True):
+        said += tr(
+            "; the all-reduce times were too noisy to test the line: the model is a rough "
+            "guide, the sweep is the judge"
         )
     return said
 

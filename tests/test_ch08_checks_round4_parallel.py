@@ -95,7 +95,7 @@ def test_right_answers_pass(right) -> None:  # noqa: ANN001
             (
                 "[probe: 1 rank] float32, step 1",
                 "put 3 shares of the flat vector on the wire",
-                "dist.all_gather_single 1, dist.all_gather_single 1",
+                "dist.all_gather_single: 1 share(s); dist.all_gather_single: 1 share(s)",
                 "ZeRO-1 exactly 2",
                 "on 2 ranks 2,124 bytes per rank per step against 1,416",
                 "the all-reduce again, by other names",

@@ -384,3 +384,52 @@ def test_after_a_pass_the_check_no_longer_says_it_cannot_see_tf32(capsys) -> Non
     out = capsys.readouterr().out
     assert "cannot check what only a GPU shows" in out and "TF32" not in out, out
     assert "the precision each tl.dot asked for" in out, out
+
+
+# --- the second grader's round (issue 31): D through einsum, a pre-scaled q, dV scaled -------------
+
+DELTA = "delta = (dout * out.float()).sum(-1).contiguous()"
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "delta",
+    [
+        "delta = torch.einsum('bhtd,bhtd->bht', dout, out.float()).contiguous()",
+        "delta = (dout.unsqueeze(-2) @ out.float().unsqueeze(-1)).flatten(-2).contiguous()",
+        "delta = torch.linalg.vecdot(dout, out.float()).contiguous()",
+    ],
+    ids=["einsum", "batched dot", "vecdot"],
+)
+def test_d_may_be_computed_with_any_rowwise_product(delta: str) -> None:
+    """Before: einsum and @ were refused by name, while the exercise lets PyTorch compute D."""
+    result = check_triton_backward(solution_variant("D by a product", [(DELTA, delta)]))
+    assert result.passed, result.message
+
+
+@needs_triton
+def test_a_product_that_is_not_rowwise_is_still_refused() -> None:
+    """dQ = dS K in torch (a T x d result summed over T) is no row reduction."""
+    cheat = "delta = (dout * out.float()).sum(-1).contiguous()\n    _ = (q @ k.transpose(-2, -1)) @ v"
+    result = check_triton_backward(solution_variant("a torch product", [(DELTA, cheat)]))
+    assert fails(result, "matmul"), result.message
+
+
+@needs_triton
+def test_dv_scaled_is_told_that_dv_takes_no_scale() -> None:
+    """Before: 'dv has the 1/sqrt(d) scale twice', though dV = P^T dO takes none."""
+    wrong = solution_variant("dv scaled", [("tl.store(dv_ptr + kv, dv,", "tl.store(dv_ptr + kv, dv * scale,")])  # fmt: skip
+    result = check_triton_backward(wrong)
+    assert fails(result, "dv takes no scale", "dV = P^T dO"), result.message
+    assert "twice" not in result.message
+
+
+@needs_triton
+def test_a_q_scaled_in_torch_is_told_to_scale_in_the_kernel() -> None:
+    """The rule: the kernels load q itself; the hint says so instead of "only copied"."""
+    scaled = solution_variant(
+        "q scaled in torch",
+        [("    b, h, t, d = q.shape\n", "    b, h, t, d = q.shape\n    q = q * 1.0\n")],
+    )
+    result = check_triton_backward(scaled)
+    assert fails(result, "never loaded", "scale inside the kernel"), result.message

@@ -910,3 +910,31 @@ def test_the_nsys_run_emits_every_range_inside_the_capture(
         assert pushed.count(name) == steps, (name, pushed.count(name))
     assert [n for n in pushed if n.startswith("way ")] == [f"way {w}" for w in script.WAYS]
     assert torch.load(tmp_path / "rank0.pt", weights_only=True)["nsys steps per way"] == args.steps
+
+
+def test_the_model_plays_its_cap_out_over_the_real_gradients() -> None:
+    """The expert's re-read: equal-bucket algebra picked 1.015 MB for 20 gradients of 1 MB, which
+    closes buckets of 2 gradients (a 2.08 ms wait); the cap of one gradient waits 1.25 ms."""
+    result = synthetic_result()
+    result["backward order bytes"] = [10**6] * 20
+    result["ways"]["flat"]["instrumented"] = [{**result["ways"]["flat"]["instrumented"][0], "backward s": 0.0234}]  # fmt: skip
+    fit = {"alpha s": 0.264e-3, "beta s/B": 0.91e-9, "fits": True, "outside the spread": []}
+    model = dbh.model_bucket(result, fit)
+    assert model["bytes"] > 10**6  # the closed form, for equal buckets
+    assert model["cap bytes"] == 10**6 and model["buckets"] == 20
+    sizes, b = result["backward order bytes"], 0.0234
+    assert model["wait s"] == pytest.approx(co.bucket_wait(sizes, 10**6, 0.264e-3, 0.91e-9, b))
+    assert model["wait s"] < co.bucket_wait(sizes, math.ceil(model["bytes"]), 0.264e-3, 0.91e-9, b)
+
+
+def test_a_noisy_line_is_not_said_to_miss() -> None:
+    """The expert's re-read: 'the line missed the measured times' was printed where no size was
+    missed and only the repeats were too noisy to test the line."""
+    result = synthetic_result()
+    rows, fit = dbh.allreduce_fit(result)
+    noisy = {**fit, "fits": False, "outside the spread": [], "too spread": [4096]}
+    said = dbh.predicted_vs_best(dbh.bucket_rows(result, noisy), dbh.model_bucket(result, noisy))
+    assert "too noisy to test the line" in said and "missed" not in said
+    missed = {**fit, "fits": False, "outside the spread": [(4096, 1e-3, 1e-5)], "too spread": []}
+    said = dbh.predicted_vs_best(dbh.bucket_rows(result, missed), dbh.model_bucket(result, missed))
+    assert "the line missed the measured all-reduce times" in said

@@ -80,8 +80,12 @@ def is_stub(fn: Callable) -> bool:
     return "NotImplementedError" in _names(fn.__code__)
 
 
-def payload(fn: Callable) -> dict[str, Any]:
-    """What the ranks need to rebuild `fn`: its code and the globals it names (chapter 4)."""
+def payload(fn: Callable, _seen: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What the ranks need to rebuild `fn`: its code and the globals it names (chapter 4).
+
+    A name for `fn` itself (a recursive call, state kept as its attribute) is rebound to the
+    rebuilt function; another plain function of the notebook it calls is sent the same way.
+    """
     if not isinstance(fn, types.FunctionType):
         raise CheckFailed(
             tr("pass your function itself, not {type}.").format(type=type(fn).__name__)
@@ -90,12 +94,22 @@ def payload(fn: Callable) -> dict[str, Any]:
         raise CheckFailed(
             tr("define the function at the top level of the cell, not inside another.")
         )
-    modules, objects, values = {}, {}, {}
+    modules, objects, values, functions, itself = {}, {}, {}, {}, []
+    seen = _seen | {fn.__name__}
     for name in sorted(_names(fn.__code__)):
         if name not in fn.__globals__:
             continue  # a builtin, an attribute name, or a name that is simply not used
         value = fn.__globals__[name]
-        if isinstance(value, types.ModuleType):
+        if value is fn:
+            itself.append(name)
+        elif (
+            isinstance(value, types.FunctionType)
+            and value.__module__ == fn.__module__
+            and not value.__closure__
+            and name not in seen
+        ):  # a helper defined in the notebook, next to the function
+            functions[name] = payload(value, seen | {name})
+        elif isinstance(value, types.ModuleType):
             modules[name] = value.__name__
         elif isinstance(value, _SIMPLE):
             values[name] = value
@@ -116,6 +130,8 @@ def payload(fn: Callable) -> dict[str, Any]:
         "modules": modules,
         "objects": objects,
         "values": values,
+        "functions": functions,
+        "itself": itself,
     }
 
 

@@ -1224,13 +1224,30 @@ def check_tiled_attention(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) 
 # --- exercise 5 (stretch): the backward as Triton kernels ----------------------------------------
 
 
-class _NoTorchMatmul(TorchFunctionMode):
-    """Fail when the code inside multiplies matrices in PyTorch: the exercise is Triton (chapter 8)."""
+def _rowwise(out: object, args: tuple) -> bool:
+    """Whether a product only reduced rows: at most one multiply-add per element of its largest
+    input, as D = rowsum(dO * O) takes through einsum or a batched dot (chapter 8)."""
+    tensors = [a for a in args if torch.is_tensor(a)]
+    if not (torch.is_tensor(out) and tensors and tensors[0].dim()):
+        return False
+    inner = tensors[0].shape[-1]  # the dimension a matrix product sums over
+    return out.numel() * inner <= max(t.numel() for t in tensors)
 
-    NAMES = ("matmul", "mm", "bmm", "einsum", "__matmul__", "baddbmm", "addmm")
+
+class _NoTorchMatmul(TorchFunctionMode):
+    """Fail when the code inside multiplies matrices in PyTorch: the exercise is Triton (chapter 8).
+
+    A product that only reduces rows (D = rowsum(dO * O) as a batched dot) is allowed; einsum
+    is judged by the products it runs (_TorchProducts), since it may be either.
+    """
+
+    NAMES = ("matmul", "mm", "bmm", "__matmul__", "baddbmm", "addmm")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if getattr(func, "__name__", "") in self.NAMES:
+            out = func(*args, **(kwargs or {}))
+            if _rowwise(out, args):
+                return out
             raise CheckFailed(
                 tr(
                     "you called torch's {name}: the products of the backward belong in the "
@@ -1307,9 +1324,11 @@ class _TorchProducts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = func.overloadpacket.__name__
-        if name in (*_PRODUCTS, "dot", "vdot", "mv", "addmv", "linear", "_softmax", "_softmax_backward_data") or "attention" in name:  # fmt: skip
+        out = func(*args, **(kwargs or {}))
+        product = name in (*_PRODUCTS, "dot", "vdot", "mv", "addmv", "linear")
+        if (product and not _rowwise(out, args)) or name.startswith("_softmax") or "attention" in name:  # fmt: skip
             self.ran.append(name)
-        return func(*args, **(kwargs or {}))
+        return out
 
 
 Launch = list[tuple[tuple[int, ...], np.ndarray, bool]]
@@ -1722,9 +1741,9 @@ def _expect_triton_work(name: str, launches: list[Launch], got: tuple[torch.Tens
                     tr(
                         "the Triton kernels that computed {part} ({kernels}) never loaded {missing} "
                         "of the {numel} elements of {x}: the kernels that compute {part} read q, k, "
-                        "v and dO themselves (tl.load) and multiply them with tl.dot. Values "
-                        "computed beforehand, in PyTorch or NumPy, and only copied by a kernel do "
-                        "not count."
+                        "v and dO themselves (tl.load), not tensors made from them in PyTorch or "
+                        "NumPy (a scaled copy of q included: scale inside the kernel), and "
+                        "multiply them with tl.dot."
                     ).format(**said),
                 ),
             )
@@ -2077,6 +2096,11 @@ def _backward_mistake(part: str, mine: torch.Tensor, inputs: tuple[torch.Tensor,
 def _scale_hint(part: str, c: float, head_dim: int) -> str:
     """The hint for a gradient that is sqrt(head_dim) or 1 / sqrt(head_dim) times the right one, or "" (chapter 8)."""
     root = math.sqrt(head_dim)
+    if part == "dv" and min(abs(c / root - 1), abs(c * root - 1)) <= 1e-3:
+        return tr(
+            "it is {c:.6g} times the right one, and sqrt(head_dim) = {root:.6g}: dv takes no "
+            "scale. dV = P^T dO: P already holds the scale of the scores, and dO none."
+        ).format(c=c, root=root)
     if abs(c / root - 1) <= 1e-3:
         return tr(
             "it is {c:.6g} times the right one, and sqrt(head_dim) = {root:.6g}: the 1/sqrt(d) "

@@ -62,8 +62,11 @@ def rebuild(payload: dict[str, Any]) -> types.FunctionType:
             obj = getattr(obj, part)
         env[name] = obj
     env.update(payload["values"])
+    env.update({n: rebuild(p) for n, p in payload.get("functions", {}).items()})
     code = marshal.loads(payload["code"])
-    return types.FunctionType(code, env, payload["name"], payload["defaults"])
+    fn = types.FunctionType(code, env, payload["name"], payload["defaults"])
+    env.update(dict.fromkeys(payload.get("itself", []), fn))  # its own name: the function itself
+    return fn
 
 
 def counting_hook(calls, bucket):  # noqa: ANN001, ANN201 - DDP checks these annotations
