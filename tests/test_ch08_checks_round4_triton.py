@@ -410,7 +410,9 @@ def test_d_may_be_computed_with_any_rowwise_product(delta: str) -> None:
 @needs_triton
 def test_a_product_that_is_not_rowwise_is_still_refused() -> None:
     """dQ = dS K in torch (a T x d result summed over T) is no row reduction."""
-    cheat = "delta = (dout * out.float()).sum(-1).contiguous()\n    _ = (q @ k.transpose(-2, -1)) @ v"
+    cheat = (
+        "delta = (dout * out.float()).sum(-1).contiguous()\n    _ = (q @ k.transpose(-2, -1)) @ v"
+    )
     result = check_triton_backward(solution_variant("a torch product", [(DELTA, cheat)]))
     assert fails(result, "matmul"), result.message
 
