@@ -103,8 +103,8 @@ class MaxBatchResult(Printed):
 
 #: The words of a probe's "fits" column, for the catalog (translated where the table is printed).
 _FITS_WORDS = (tr_mark("yes"), tr_mark("no"))
-#: The probe table's one-word column that no other catalog names (format_table translates it).
-_DETAIL = tr_mark("detail")
+#: The probe table's one-word columns that no other catalog names (format_table translates them).
+_DETAIL, _FITS = tr_mark("detail"), tr_mark("fits")
 #: How max_batch_under_budget's result names its method (the argument stays 'meter' / 'estimate').
 _METHODS = {"meter": tr_mark("by the meter"), "estimate": tr_mark("by the estimate")}
 

@@ -211,7 +211,7 @@ def test_the_recorder_sees_keywords_distributed_c10d_and_the_group_once(tmp_path
 def test_the_shard_gradient_bound_is_in_the_runs_dtype() -> None:
     """Kind 3: the bound was float32's for float64 too (2^29 times too loose)."""
     abs_sum = [torch.ones(3, dtype=torch.float64)]
-    f32 = ch08p.rounding_bound(abs_sum, 2, torch.float32)[0]
-    f64 = ch08p.rounding_bound(abs_sum, 2, torch.float64)[0]
+    f32 = ch08p.allreduce_bound_in(abs_sum, 2, torch.float32)[0]
+    f64 = ch08p.allreduce_bound_in(abs_sum, 2, torch.float64)[0]
     assert torch.equal(f32, ch08p.allreduce_rounding_bound(abs_sum, 2)[0])
     assert torch.allclose(f64 * 2.0**29, f32)

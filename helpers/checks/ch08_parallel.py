@@ -180,7 +180,7 @@ def exact_mean(results: list[dict], step: int) -> Mean:
     return mean, allreduce_rounding_bound(abs_sum, world)
 
 
-def rounding_bound(
+def allreduce_bound_in(
     abs_sum: list[torch.Tensor], world: int, dtype: torch.dtype
 ) -> list[torch.Tensor]:
     """allreduce_rounding_bound for a reduction in `dtype`: the same bound in its unit roundoff (chapter 8)."""
@@ -619,7 +619,7 @@ def _expect_zero1_grad(results: list[dict], dtype: str, i: int, rank: int, at: s
     )
     local = [r[dtype][i]["local grad"].double()[start:stop] for r in results]
     mean, abs_sum = [sum(local) / world], [sum(g.abs() for g in local)]
-    ref = (mean, rounding_bound(abs_sum, world, getattr(torch, dtype)))
+    ref = (mean, allreduce_bound_in(abs_sum, world, getattr(torch, dtype)))
     if not _close([got], ref):
         expect(
             world == 1 or not _close([got], ref, world),
@@ -640,7 +640,7 @@ def _expect_zero1_grad(results: list[dict], dtype: str, i: int, rank: int, at: s
         expect(
             dtype != "float64"
             or not _close(
-                [got], (mean, rounding_bound(abs_sum, world, torch.float32))
+                [got], (mean, allreduce_bound_in(abs_sum, world, torch.float32))
             ),  # fmt: skip
             at
             + tr(
