@@ -1399,48 +1399,13 @@ def _touched(ptrs: Any, mask: Any) -> np.ndarray:
 
 #: The chapter's own backward kernels, by name, whose code exercise 5 must not run (any copy).
 _CHAPTER_KERNELS = ("delta_kernel", "dkdv_kernel", "dq_kernel", "_dkdv_tiles", "_dq_tiles")
-_FINGERPRINTS: dict[Any, tuple[str, ...]] = {}
-
-
-def _bytecode(code: CodeType) -> str:
-    """A code object's instructions, the globals and attributes it names and its constants,
-    not its own name, file, lines or local names (chapter 8)."""
-    consts = [_bytecode(c) if isinstance(c, CodeType) else repr(c) for c in code.co_consts]
-    return repr((code.co_code, code.co_names, code.co_argcount, consts))
 
 
 def _fingerprint(fn: Any) -> tuple[str, ...]:
-    """A kernel's code, twice: its syntax tree without its name, docstring, comments or layout,
-    its variables renamed in order of appearance (where its source can be read), and its
-    bytecode (for code exec'd from a string): equal for a copy of a function under any name,
-    in any file (chapter 8)."""
-    import ast
-    import inspect
-    import textwrap
-
+    """A kernel's code as exercise 2's _code_key sees it (its names and instructions): equal for a
+    copy under any name, in any file or exec'd from a string (chapter 8)."""
     code = getattr(fn, "__code__", None)
-    if code in _FINGERPRINTS:
-        return _FINGERPRINTS[code]
-    found = [_bytecode(code)] if isinstance(code, CodeType) else []
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):  # no source: exec'd from a string
-        tree = ast.Module(body=[], type_ignores=[])
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
-    if node is not None:
-        docstring = node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)  # fmt: skip
-        parts = [node.args, *node.body[1 if docstring else 0 :]]
-        names: dict[str, str] = {}
-        for part in parts:
-            for n in ast.walk(part):
-                if isinstance(n, ast.Name):
-                    n.id = names.setdefault(n.id, f"v{len(names)}")
-                elif isinstance(n, ast.arg):
-                    n.arg = names.setdefault(n.arg, f"v{len(names)}")
-        found.append("\n".join(ast.dump(p) for p in parts))
-    if code is not None:
-        _FINGERPRINTS[code] = tuple(found)
-    return tuple(found)
+    return (repr(_code_key(code)),) if isinstance(code, CodeType) else ()
 
 
 def _chapter_fingerprints() -> dict[str, str]:
