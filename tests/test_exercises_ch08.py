@@ -796,3 +796,39 @@ def test_a_merge_returning_the_safe_max_as_m_is_told_to_keep_minus_inf() -> None
 
     result = check_merge_states(returns_the_safe_max)
     assert fails(result, "must keep m = -inf", "only inside the factors"), result.message
+
+
+class _Triton31Kernel:
+    """What triton.jit makes under Triton 3.1's interpreter (torch 2.5's): `run` set on each
+    kernel, `kernel[grid]` the class's own __getitem__ (the oldest lane's CI found it)."""
+
+    def __init__(self, fn) -> None:  # noqa: ANN001
+        self.fn = fn
+        self.run = lambda *args, **kwargs: ("ran", args)
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        return lambda *args: ("launched", grid, args)
+
+    def __call__(self, *args):  # noqa: ANN002, ANN204
+        return self.fn(*args)
+
+
+@pytest.mark.skipif(not RUNS, reason="Triton cannot run here (not installed, or no interpreter)")
+def test_a_launch_is_refused_and_watched_on_triton_31s_kernel_class(monkeypatch) -> None:  # noqa: ANN001
+    """Exercise 2 refuses `kernel[grid](...)` and exercise 5's watch enters, with either Triton's kernel class."""
+    from helpers.checks import ch08 as checks
+
+    def copy_kernel(x):  # noqa: ANN001, ANN202
+        return x
+
+    monkeypatch.setattr(checks.triton_interpreter, "InterpretedFunction", _Triton31Kernel)
+    kernel = _Triton31Kernel(copy_kernel)
+    assert checks._launch_entries(_Triton31Kernel) == ["__getitem__"]
+    with checks._triton_launches() as launched, pytest.raises(checks.CheckFailed, match="copy_kernel"):  # fmt: skip
+        kernel[(1,)](1)
+    assert launched == [f"{__name__}.copy_kernel"]
+    assert kernel[(1,)](2) == ("launched", (1,), (2,))  # restored
+    with checks._triton_stores() as launches:
+        assert kernel[(2,)](3) == ("launched", (2,), (3,))
+    assert not launches.chapter
+    assert _Triton31Kernel.__dict__["__getitem__"].__name__ == "__getitem__"  # restored

@@ -630,7 +630,8 @@ def _triton_launches() -> Iterator[list[str]]:
         from triton.runtime.jit import JITFunction
 
         owners.append(JITFunction)
-    runs = [owner.__dict__["run"] for owner in owners]
+    entries = [(owner, name) for owner in owners for name in _launch_entries(owner)]
+    originals = [getattr(owner, name) for owner, name in entries]
 
     def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         fn = getattr(self, "fn", self)
@@ -638,12 +639,22 @@ def _triton_launches() -> Iterator[list[str]]:
         raise CheckFailed(_launch_hint(launched[-1]))
 
     try:
-        for owner in owners:
-            owner.run = refuse
+        for owner, name in entries:
+            setattr(owner, name, refuse)
         yield launched
     finally:
-        for owner, run in zip(owners, runs):
-            owner.run = run
+        for (owner, name), original in zip(entries, originals):
+            setattr(owner, name, original)
+
+
+def _launch_entries(owner: type) -> list[str]:
+    """The methods of a Triton kernel class that a launch `kernel[grid](...)` goes through (chapter 8).
+
+    Triton 3.2 and later: `kernel[grid]` calls the class's `run`. Triton 3.1 (torch 2.5's):
+    the interpreter's `kernel[grid]` is its own `__getitem__`, and its `run` is set on each
+    kernel, not on the class.
+    """
+    return [name for name in ("run", "__getitem__") if name in owner.__dict__]
 
 
 def _launch_hint(kernel: str) -> str:
@@ -1444,7 +1455,8 @@ def _triton_stores() -> Iterator[list[Launch]]:
     function = getattr(triton_interpreter, "InterpretedFunction", None)  # what triton.jit made
     store, rmw, cas, call = builder.create_masked_store, builder.create_atomic_rmw, builder.create_atomic_cas, grid.__call__  # fmt: skip
     load, dot = builder.create_masked_load, builder.create_dot
-    run, device_call = (function.run, function.__call__) if function is not None else (None, None)
+    entries = _launch_entries(function) if function is not None else []
+    device_call = function.__call__ if function is not None else None
     chapter = _chapter_fingerprints()
 
     def inside(self: Any, ptrs: Any, mask: Any, kind: str) -> np.ndarray | None:
@@ -1513,9 +1525,14 @@ def _triton_stores() -> Iterator[list[Launch]]:
         if name and name not in launches.chapter:
             launches.chapter.append(name)
 
-    def kernel_run(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        note(self.fn)
-        return run(self, *args, **kwargs)
+    def noting(name: str) -> Callable[..., Any]:
+        original = getattr(function, name)
+
+        def kernel_launch(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            note(self.fn)
+            return original(self, *args, **kwargs)
+
+        return kernel_launch
 
     def kernel_call(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202  # a device function
         note(self.fn)
@@ -1525,7 +1542,8 @@ def _triton_stores() -> Iterator[list[Launch]]:
                (builder, "create_atomic_cas"): atomic_cas, (grid, "__call__"): launch,
                (builder, "create_masked_load"): masked_load, (builder, "create_dot"): create_dot}  # fmt: skip
     if function is not None:
-        patches.update({(function, "run"): kernel_run, (function, "__call__"): kernel_call})
+        patches.update({(function, name): noting(name) for name in entries})
+        patches[(function, "__call__")] = kernel_call
     originals = {(owner, name): getattr(owner, name) for owner, name in patches}
     try:
         for (owner, name), fn in patches.items():
