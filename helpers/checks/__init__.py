@@ -130,7 +130,8 @@ def describe_error(exc: BaseException) -> str:
     first = lines[0] if lines else ""
     if isinstance(exc, FutureWarning):
         return tr(
-            "a deprecated API: FutureWarning: {first}{where}. Use the modern API the chapter shows"
+            "FutureWarning (it calls a deprecated API): {first}{where}. Use the modern API the "
+            "chapter shows"
         ).format(first=first, where=_where(exc))
     return f"{type(exc).__name__}: {first}{_where(exc)}"
 
