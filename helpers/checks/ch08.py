@@ -704,11 +704,11 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     """Attention and log-sum-exp in float64, optionally with a typical masking or scaling mistake (chapter 8).
 
     "one late" also hides the keys after each query tile's end (given `block`), which a loop
-    that stops at the tile's last query never visits.
+    that stops at the tile's last query never visits; "block" scales by 1 / sqrt(block).
     """
     q, k, v = (x.detach().double() for x in (q, k, v))
     t = q.size(-2)
-    s = q @ k.transpose(-2, -1) * {"unscaled": 1.0, "twice": q.size(-1) ** -1.0}.get(hide, q.size(-1) ** -0.5)  # fmt: skip
+    s = q @ k.transpose(-2, -1) * {"unscaled": 1.0, "twice": q.size(-1) ** -1.0, "block": max(block, 1) ** -0.5}.get(hide, q.size(-1) ** -0.5)  # fmt: skip
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     hidden = {
         "diagonal": j >= i,
@@ -760,6 +760,20 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
         return tr("the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim).")
     if close(out, _reference(*qkv, causal, "twice")[0]):
         return tr("the scores are scaled twice (by 1 / head_dim): multiply q @ k^T by 1 / sqrt(head_dim) once, either q's tile or the scores, not both.")  # fmt: skip
+    head_dim = qkv[0].size(-1)
+    if block != head_dim and close(out, _reference(*qkv, causal, "block", block)[0]):
+        return tr(
+            "the scores are scaled by 1 / sqrt(block), the tile size: multiply q @ k^T by "
+            "1 / sqrt(head_dim), q.size(-1) (here {head_dim}, with tiles of {block})."
+        ).format(head_dim=head_dim, block=block)
+    if any(close(out, mixed) for mixed in _heads_mixed(*qkv, causal)):
+        return tr(
+            "your output mixes the heads: each head's rows were computed from other heads' "
+            "q, k or v, or written to another head's rows. A transpose before a reshape does "
+            "that: q.transpose(1, 2).reshape(B * H, T, D) reads (B, T, H, D) as (B * H, T, D). "
+            "Fold (batch, heads) with q.reshape(B * H, T, D) and unfold with out.view(B, H, T, D), "
+            "or keep the 4-D tensors and tile along T (dim -2)."
+        )
     if torch.isnan(out).any():
         return tr("your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j).")  # fmt: skip
     if verdict.out_ok:
@@ -841,6 +855,23 @@ def _tiles_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return torch.cat(outs, -2)
 
 
+def _heads_mixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> list[torch.Tensor]:  # fmt: skip
+    """Outputs of (batch, heads) folded or unfolded through a transpose before a reshape, which mixes heads (chapter 8).
+
+    fold reads x.transpose(1, 2) (B, T, H, D) as (B, H, T, D), as x.transpose(1, 2).reshape(B * H,
+    T, D) does; unfold is its inverse. Attention over folded inputs, as it is or unfolded, and the
+    right attention folded or unfolded. None with one head or one position, where fold changes nothing.
+    """
+    if q.dim() != 4 or q.size(1) == 1 or q.size(2) == 1:
+        return []
+    shape = q.shape
+    b, h, t, d = shape
+    fold = lambda x: x.transpose(1, 2).reshape(shape)  # noqa: E731
+    unfold = lambda x: x.reshape(b, t, h, d).transpose(1, 2)  # noqa: E731
+    mixed, right = _reference(*map(fold, (q, k, v)), causal)[0], _reference(q, k, v, causal)[0]
+    return [mixed, unfold(mixed), fold(right), unfold(right)]
+
+
 def _zero_padded_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:  # fmt: skip
     """Attention (not causal) over k and v padded with zero rows to a multiple of block, none hidden (chapter 8)."""
     pad = (-k.size(-2)) % block
@@ -864,6 +895,15 @@ def _lse_hint(got_lse: torch.Tensor, want_lse: torch.Tensor, sixteen_bit: bool) 
                 "you accumulate in, {work}, with no .to(q.dtype) or other cast on the way: backward "
                 "rebuilds each probability as exp(s - lse), and the rounding would go into every one."
             ).format(dtype=str(dtype).removeprefix("torch."), work=str(got_lse.dtype).removeprefix("torch."), gap=off[torch.isfinite(want_lse)].abs().max().item())  # fmt: skip
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
+    mine = got_lse.detach().double()
+    if close(mine, want_lse * math.log2(math.e)) and not close(mine, want_lse):
+        return tr(
+            "the output is right but the log-sum-exp is in base 2: yours is m + log(l) times "
+            "log2(e), about 1.443 times the natural one. Return the natural log, m + log(l): "
+            "if you work in base 2 (exp2 of scores times log2(e)), multiply m2 + log2(l) by ln(2) "
+            "at the end, since backward rebuilds each probability as exp(s - lse)."
+        )
     off = off[torch.isfinite(want_lse)]
     if off.numel() and (off.max() - off.min()).item() <= 0.1 * off.mean().abs().item():
         return tr(
