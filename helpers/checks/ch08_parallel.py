@@ -260,6 +260,13 @@ _IN_FLIGHT = tr_mark(
     "so a change made before that is mixed into it or lost, depending on timing. Divide after "
     "wait(), in finish()."
 )
+_READ_IN_FLIGHT = tr_mark(
+    "p.grad was read while its all-reduce was in flight (p.grad / world, p.grad.clone() or "
+    "another read after dist.all_reduce(p.grad, async_op=True), before its wait): the sum lands "
+    "in p.grad while the all-reduce travels, so what you read is this rank's own gradient, the "
+    "sum or a mix of both, depending on timing. Wait on the work first, then divide: "
+    "work.wait(), then p.grad /= world, in finish()."
+)
 _NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
     "work the hooks started (or wait on its future: fut.wait(), torch.futures.wait_all), before "
@@ -293,6 +300,8 @@ def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     # after waiting for the old works: the stale entries, said by the values on the ranks
     in_flight = [c for c in calls if c["written in flight"]]
     expect(not in_flight or step["stale waits"], at + tr(_IN_FLIGHT))
+    read = [c for c in calls if c["read in flight"]]  # p.grad / world before the wait
+    expect(not read or step["stale waits"], at + tr(_READ_IN_FLIGHT))
     per_grad = sum(c["param shape"] for c in calls)
     expect(
         per_grad <= params,
@@ -797,6 +806,16 @@ def _expect_zero1_values(step: dict, want: torch.Tensor, state: dict, world: int
         + tr(
             "the shard did not change: set shard.grad to this rank's averaged piece of the "
             "gradient before optimizer.step()."
+        ),
+    )
+    expect(
+        not step["sent old piece"],
+        at
+        + tr(
+            "this rank's piece was copied into the all-gather's buffer before optimizer.step() "
+            "stepped it: the all-gather sent the shard's old values, so the parameters got "
+            "their old values back. Copy the shard into its slot after optimizer.step(), then "
+            "all-gather."
         ),
     )
     expect(

@@ -363,6 +363,11 @@ def recorder(params: list[torch.Tensor], state: dict, calls: list[dict]) -> Any:
             # for WriteWatch and the state count, dropped from the results (public())
             "_tensors": tensors_in(first) + tensors_in(second),
             "_outputs": tensors_in(first),  # the output, or the tensor reduced in place
+            # what an all-gather sends, as it was when called (zero1_probe compares it with the
+            # shard before and after optimizer.step())
+            "_sent": [t.detach().clone() for t in tensors_in(second)]
+            if name.startswith("all_gather")
+            else [],
         }
         calls.append(record)
         same_collective(name)
@@ -405,6 +410,7 @@ _NO_READ = {
     "__get__", "__len__", "__getitem__", "numel", "size", "dim", "element_size", "data_ptr",
     "is_contiguous", "stride", "storage_offset", "untyped_storage", "view", "view_as",
     "reshape", "flatten", "unflatten", "split", "chunk", "narrow", "unbind", "detach",
+    "is_floating_point", "is_complex", "get_device",
 }  # fmt: skip
 
 
@@ -420,10 +426,12 @@ class WriteWatch(TorchFunctionMode):
 
     Seen as torch functions (a mode, so only in the thread that runs the learner's code and its
     hooks: run_backward keeps it on during backward): p.grad /= world in the hook while its
-    all-reduce travels, the parameters copied from an all-gather's buffer before its wait. The
-    collective's own writes (in gloo's threads, or inside the call), the recorder's reads and
-    what a callback chained with .then() does (once the collective is complete) are no race;
-    nor is a view of the output or a look at its size.
+    all-reduce travels, the parameters copied from an all-gather's buffer before its wait, and
+    p.grad / world or p.grad.clone() before the wait (an all-reduce's output is p.grad itself,
+    reduced in place). The collective's own writes (in gloo's threads, or inside the call), the
+    recorder's and the checker's own reads (unwatched()) and what a callback chained with
+    .then() does (once the collective is complete) are no race; nor is a view of the output, a
+    look at its size, or a read of another tensor (another parameter's gradient).
     """
 
     def __init__(self, calls: list[dict], params: list[torch.Tensor]) -> None:
@@ -446,6 +454,17 @@ class WriteWatch(TorchFunctionMode):
             if any(overlaps(r, t) for r in reads for t in call["_outputs"]):
                 call["read in flight"] = True
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def unwatched() -> Iterator[None]:
+    """The checker's own torch calls inside recording(): no learner's read or write (chapter 8)."""
+    before = getattr(_INSIDE, "on", False)
+    _INSIDE.on = True
+    try:
+        yield
+    finally:
+        _INSIDE.on = before
 
 
 def run_backward(loss: torch.Tensor) -> None:
@@ -587,16 +606,17 @@ def task_overlap_hooks(ctx: Context, fn: Any) -> dict[str, Any]:
             state["in backward"], state["latest"] = False, None
             if callable(finish):
                 finish()
-            missing = [p for p in params if p.grad is None]
-            got = None if missing else grads(model)
-            steps.append(
-                {
-                    "grads": got,
-                    "local grads": local_grads(ctx, step),
-                    "calls": [public(c) for c in calls[start:]],
-                    "stale waits": state["stale waits"],
-                }
-            )
+            with unwatched():  # reading p.grad here is the checker's, even of a work never waited
+                missing = [p for p in params if p.grad is None]
+                got = None if missing else grads(model)
+                steps.append(
+                    {
+                        "grads": got,
+                        "local grads": local_grads(ctx, step),
+                        "calls": [public(c) for c in calls[start:]],
+                        "stale waits": state["stale waits"],
+                    }
+                )
         for record, call in zip(setup, calls):
             record["waited"] = call["waited"]  # a setup work waited for later, in a step
     return {
@@ -704,8 +724,9 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
     shard's gradient when the learner called optimizer.step() (the averaged piece it must be)
     and the size of the memory it keeps alive, the parameters before and after, the optimizer
     state held (Adam's state for the shard, and every tensor kept on the optimizer object or
-    in the optimizers stepped) and every collective called; the checker computes the exact
-    mean over the ranks and full Adam's parameters from them.
+    in the optimizers stepped), every collective called and whether an all-gather sent this
+    rank's piece as it was before optimizer.step(); the checker computes the exact mean over
+    the ranks and full Adam's parameters from them.
     """
     model = make_mlp(SIZES, seed=3).to(dtype)
     params = list(model.parameters())
@@ -736,6 +757,8 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
             counted.remove()
         # the collectives' own buffers (a flat gradient kept for the next step) are no state
         buffers = [t for c in calls for t in c.get("_tensors", [])]
+        stepped_shard = shard.detach()
+        sent = [torch.cat([t.reshape(-1) for t in c["_sent"]]) for c in calls if c.get("_sent")]
         out.append(
             {
                 "before": before,
@@ -743,7 +766,15 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
                 "local grad": local,
                 "shard grad": seen.get("grad"),
                 "shard grad storage": seen.get("grad storage"),
-                "shard moved": not torch.equal(shard.detach(), shard_before),
+                "shard moved": not torch.equal(stepped_shard, shard_before),
+                # an all-gather sent this rank's piece as it was before optimizer.step(): copied
+                # into the gather buffer before the step stepped the shard
+                "sent old piece": any(
+                    piece.shape == shard_before.shape
+                    and torch.equal(piece.to(shard.dtype), shard_before)
+                    and not torch.equal(piece.to(shard.dtype), stepped_shard)
+                    for piece in sent
+                ),
                 # the optimizer state this rank holds: every optimizer stepped, its tensors
                 "state bytes": state_bytes(list(stepped.values()) or [opt]),
                 "held bytes": held_bytes(
