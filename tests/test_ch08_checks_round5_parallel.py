@@ -116,9 +116,8 @@ def hooks_reading_other_gradients_in_flight(model):
             ch08p.check_zero1_step,
             (
                 "[probe: 1 rank] float32, step 1",
-                "this rank's piece was copied into the all-gather's buffer before "
-                "optimizer.step() stepped it",
-                "Copy the shard into its slot after optimizer.step()",
+                "the all-gather sent this rank's piece as it was before optimizer.step()",
+                "Take the shard after optimizer.step()",
             ),
         ),
         (
@@ -182,3 +181,145 @@ def test_the_recorder_notes_reads_of_the_grad_in_flight_only(tmp_path: Path) -> 
         all_gather(flat, mine)
         mine.add_(1)
         assert torch.equal(calls[2]["_sent"][0], torch.full((3,), 2.0))
+
+
+# --- a third grader's run of the new checks (issue 31, round 5) ------------------------------------
+# Two correct answers refused: calls that look only at an in-flight tensor's type or shape
+# (t.type(), torch.empty_like(t), t.new_empty(...)) counted as reads of its values. Two wrong
+# answers misled: an all-gather of the gradient piece instead of the stepped shard was told its
+# gradient slice was wrong, or (a full Adam stepped after gathering the gradient pieces) that it
+# gathered "the old pieces".
+
+
+def _collectives():
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return rs, ag
+
+
+def _write_back(params, flat):
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def hooks_looking_at_types_in_flight(model):
+    """Right: after the launch, only the in-flight gradient's type and shape are looked at."""
+    works, scratch = [], {}
+
+    def hook(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        assert p.grad.nelement() and p.grad.ndimension() >= 1
+        assert p.grad.type().endswith("FloatTensor") or p.grad.type().endswith("DoubleTensor")
+        scratch.setdefault(p, torch.empty_like(p.grad))  # a buffer shaped like it, no values read
+        scratch.setdefault((p, 0), p.grad.new_zeros(p.grad.shape))
+        works.append((p, work))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p, work in works:
+            work.wait()
+            p.grad.div_(dist.get_world_size())
+        works.clear()
+
+    return finish
+
+
+def zero1_allocating_while_scattering(params, shard, optimizer):
+    """Right: the gather buffer allocated with piece.new_empty while the reduce-scatter travels."""
+    rs, ag = _collectives()
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    n = sum(p.numel() for p in params)
+    flat_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in params]), (0, world * s - n))
+    piece = torch.empty_like(shard)
+    work = rs(piece, flat_grad, async_op=True)
+    flat = piece.new_empty(world * s)  # the allocation overlaps the communication
+    work.wait()
+    shard.grad = piece.div_(world)
+    optimizer.step()
+    mine = flat[rank * s : (rank + 1) * s]
+    mine.copy_(shard.detach())
+    ag(flat, mine)
+    _write_back(params, flat)
+
+
+def zero1_gathering_the_gradient_piece(params, shard, optimizer):
+    """Wrong: all-gathers the averaged gradient piece, not the stepped shard."""
+    rs, ag = _collectives()
+    world, s = dist.get_world_size(), shard.numel()
+    n = sum(p.numel() for p in params)
+    flat_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in params]), (0, world * s - n))
+    piece = torch.empty_like(shard)
+    rs(piece, flat_grad)
+    shard.grad = piece.div_(world)
+    optimizer.step()
+    flat = torch.empty_like(flat_grad)
+    ag(flat, piece)
+    _write_back(params, flat)
+
+
+def zero1_full_adam_on_gathered_gradients(params, shard, optimizer):
+    """Wrong: gathers the averaged gradient pieces and steps a full Adam on every rank (ZeRO-0)."""
+    rs, ag = _collectives()
+    world, s = dist.get_world_size(), shard.numel()
+    n = sum(p.numel() for p in params)
+    flat_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in params]), (0, world * s - n))
+    piece = torch.empty_like(shard)
+    rs(piece, flat_grad)
+    shard.grad = piece.div_(world)
+    full = torch.empty_like(flat_grad)
+    ag(full, piece)
+    offset = 0
+    for p in params:
+        p.grad = full[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    if not hasattr(optimizer, "full"):
+        optimizer.full = torch.optim.Adam(params, lr=optimizer.param_groups[0]["lr"], foreach=False)
+    optimizer.full.step()
+    optimizer.step()
+
+
+@pytest.mark.parametrize(
+    ("right", "check"),
+    [
+        (hooks_looking_at_types_in_flight, ch08p.check_overlap_hooks),
+        (zero1_allocating_while_scattering, ch08p.check_zero1_step),
+    ],
+    ids=["hooks_looking_at_types_in_flight", "zero1_allocating_while_scattering"],
+)
+def test_a_look_at_types_and_shapes_in_flight_passes_at_world_size_one(
+    right, check, monkeypatch
+) -> None:  # noqa: ANN001, E501
+    """t.type(), nelement(), empty_like, new_zeros and new_empty read no values (both were refused)."""
+    monkeypatch.setattr(ch08p, "launched_worlds", lambda: [])
+    result = check(right)
+    assert result.status == PASS, result.message
+
+
+@pytest.mark.parametrize(
+    "wrong", [zero1_gathering_the_gradient_piece, zero1_full_adam_on_gathered_gradients]
+)
+def test_an_all_gather_of_the_gradient_piece_is_named(wrong) -> None:  # noqa: ANN001
+    """Told it gathered the gradient, not its slice (w4) nor 'the old pieces' (w7)."""
+    result = ch08p.check_zero1_step(wrong)
+    assert result.status == FAIL, result.message
+    assert "[probe: 1 rank] float32, step 1" in result.message, result.message
+    assert "sent this rank's averaged gradient piece" in result.message, result.message
+    assert "the old ones" not in result.message and "elements rank*s" not in result.message
+
+
+def test_a_type_conversion_in_flight_is_a_read(tmp_path: Path) -> None:
+    """t.type() names the type (no read); t.type(torch.float64) converts it (a read)."""
+    params = [torch.nn.Parameter(torch.ones(4))]
+    params[0].grad = torch.ones(4)
+    with ch08p.one_rank_world(tmp_path), task.recording(params, {}) as calls:
+        work = dist.all_reduce(params[0].grad, async_op=True)
+        params[0].grad.type(), torch.empty_like(params[0].grad), params[0].grad.new_zeros(2)
+        assert not calls[0]["read in flight"]
+        params[0].grad.type(torch.float64)
+        assert calls[0]["read in flight"]
+        work.wait()

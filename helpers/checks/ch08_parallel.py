@@ -590,6 +590,18 @@ def _expect_zero1_calls(step: dict, world: int, at: str) -> None:
                 "rank order; write it back into the parameters."
             ).format(ag=_recommended("all_gather_single")),
         )
+    # gathering the averaged pieces besides the parameters (3 shares) is the all-reduce by other
+    # names: the wire check below says that; here the gradient went out instead of the parameters
+    expect(
+        not step["sent gradient"] or _wire_shares(step, world)[0] > 2 + 1e-9,
+        at
+        + tr(
+            "the all-gather sent this rank's averaged gradient piece (what the reduce-scatter "
+            "received, or shard.grad), not its parameters: ZeRO-1 gathers the updated "
+            "parameters. After optimizer.step(), all-gather the shard (dist.{ag}(flat, shard)) "
+            "and write the flat vector back into the parameters."
+        ).format(ag=_recommended("all_gather_single")),
+    )
     expect(
         not gathers or gathers[-1] > ops.index("step"),
         at
@@ -812,10 +824,10 @@ def _expect_zero1_values(step: dict, want: torch.Tensor, state: dict, world: int
         not step["sent old piece"],
         at
         + tr(
-            "this rank's piece was copied into the all-gather's buffer before optimizer.step() "
-            "stepped it: the all-gather sent the shard's old values, so the parameters got "
-            "their old values back. Copy the shard into its slot after optimizer.step(), then "
-            "all-gather."
+            "the all-gather sent this rank's piece as it was before optimizer.step() (copied "
+            "into the gather buffer, or cloned, before the step): the parameters got their old "
+            "values back. Take the shard after optimizer.step(): copy it into its slot then, or "
+            "all-gather the shard itself."
         ),
     )
     expect(

@@ -369,6 +369,15 @@ def recorder(params: list[torch.Tensor], state: dict, calls: list[dict]) -> Any:
             if name.startswith("all_gather")
             else [],
         }
+        # an all-gather that sends what a reduce-scatter received (the averaged gradient piece,
+        # not the stepped shard): zero1_probe says so
+        record["sent a scattered piece"] = any(
+            sent.shape == out.shape and sent.dtype == out.dtype and torch.equal(sent, out.detach())
+            for c in calls
+            if c["op"].startswith("reduce_scatter")
+            for out in c["_outputs"]
+            for sent in record["_sent"]
+        )
         calls.append(record)
         same_collective(name)
         same_sizes(name, first, second)
@@ -410,8 +419,20 @@ _NO_READ = {
     "__get__", "__len__", "__getitem__", "numel", "size", "dim", "element_size", "data_ptr",
     "is_contiguous", "stride", "storage_offset", "untyped_storage", "view", "view_as",
     "reshape", "flatten", "unflatten", "split", "chunk", "narrow", "unbind", "detach",
-    "is_floating_point", "is_complex", "get_device",
+    "is_floating_point", "is_complex", "get_device", "nelement", "ndimension", "is_pinned",
+    "is_shared", "is_same_size", "is_inference", "is_signed", "empty_like", "zeros_like",
+    "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "new_empty",
+    "new_zeros", "new_ones", "new_full",
 }  # fmt: skip
+
+
+def reads_values(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a torch call reads its tensors' values, not only their shape, dtype or device (chapter 8).
+
+    t.type() with no dtype names the type; t.type(torch.float64) converts, a read.
+    """
+    name = getattr(func, "__name__", "")
+    return name not in _NO_READ and not (name == "type" and len(args) <= 1 and not kwargs)
 
 
 def given_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -443,7 +464,7 @@ class WriteWatch(TorchFunctionMode):
         busy = getattr(_INSIDE, "on", False) or getattr(_IN_CALLBACK, "on", False)
         pending = [] if busy else [c for c in self.calls if c.get("async") and not c["waited"]]
         writes = written(func, args, kwargs) if pending else []
-        reads = [] if not pending or getattr(func, "__name__", "") in _NO_READ else given_tensors(args, kwargs)  # fmt: skip
+        reads = given_tensors(args, kwargs) if pending and reads_values(func, args, kwargs) else []  # fmt: skip
         for call in pending:
             if any(overlaps(w, t) for w in writes for t in call["_tensors"]):
                 call["written in flight"] = True
@@ -767,8 +788,16 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
                 "shard grad": seen.get("grad"),
                 "shard grad storage": seen.get("grad storage"),
                 "shard moved": not torch.equal(stepped_shard, shard_before),
+                # an all-gather sent the gradient piece (what the reduce-scatter received, or
+                # shard.grad), not the parameters
+                "sent gradient": any(c.get("sent a scattered piece") for c in calls)
+                or any(
+                    grad is not None and piece.shape == grad.shape and torch.equal(piece, grad)
+                    for grad in [seen.get("grad")]
+                    for piece in sent
+                ),
                 # an all-gather sent this rank's piece as it was before optimizer.step(): copied
-                # into the gather buffer before the step stepped the shard
+                # into the gather buffer, or cloned, before the step stepped the shard
                 "sent old piece": any(
                     piece.shape == shard_before.shape
                     and torch.equal(piece.to(shard.dtype), shard_before)
