@@ -247,6 +247,23 @@ def zero1_allocating_while_scattering(params, shard, optimizer):
     _write_back(params, flat)
 
 
+def zero1_receiving_into_its_gather_slot(params, shard, optimizer):
+    """Right: the reduce-scatter receives into this rank's slot of the gather buffer, and the
+    stepped shard is copied back there before the in-place all-gather (sent = the slot)."""
+    rs, ag = _collectives()
+    world, rank, s = dist.get_world_size(), dist.get_rank(), shard.numel()
+    n = sum(p.numel() for p in params)
+    flat_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in params]), (0, world * s - n))
+    flat = torch.empty_like(flat_grad)
+    mine = flat[rank * s : (rank + 1) * s]
+    rs(mine, flat_grad)
+    shard.grad = mine / world
+    optimizer.step()
+    mine.copy_(shard.detach())
+    ag(flat, mine)
+    _write_back(params, flat)
+
+
 def zero1_gathering_the_gradient_piece(params, shard, optimizer):
     """Wrong: all-gathers the averaged gradient piece, not the stepped shard."""
     rs, ag = _collectives()
@@ -288,13 +305,18 @@ def zero1_full_adam_on_gathered_gradients(params, shard, optimizer):
     [
         (hooks_looking_at_types_in_flight, ch08p.check_overlap_hooks),
         (zero1_allocating_while_scattering, ch08p.check_zero1_step),
+        (zero1_receiving_into_its_gather_slot, ch08p.check_zero1_step),
     ],
-    ids=["hooks_looking_at_types_in_flight", "zero1_allocating_while_scattering"],
+    ids=[
+        "hooks_looking_at_types_in_flight",
+        "zero1_allocating_while_scattering",
+        "zero1_receiving_into_its_gather_slot",
+    ],
 )
-def test_a_look_at_types_and_shapes_in_flight_passes_at_world_size_one(
-    right, check, monkeypatch
-) -> None:  # noqa: ANN001, E501
-    """t.type(), nelement(), empty_like, new_zeros and new_empty read no values (both were refused)."""
+def test_right_answers_pass_at_world_size_one(right, check, monkeypatch) -> None:  # noqa: ANN001, E501
+    """t.type(), nelement(), empty_like, new_zeros and new_empty read no values (the first two were
+    refused); a gather slot that received the reduce-scatter and then the stepped shard is no
+    gradient sent (refused by a first version of the gradient-sent check)."""
     monkeypatch.setattr(ch08p, "launched_worlds", lambda: [])
     result = check(right)
     assert result.status == PASS, result.message

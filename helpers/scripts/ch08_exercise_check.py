@@ -369,15 +369,6 @@ def recorder(params: list[torch.Tensor], state: dict, calls: list[dict]) -> Any:
             if name.startswith("all_gather")
             else [],
         }
-        # an all-gather that sends what a reduce-scatter received (the averaged gradient piece,
-        # not the stepped shard): zero1_probe says so
-        record["sent a scattered piece"] = any(
-            sent.shape == out.shape and sent.dtype == out.dtype and torch.equal(sent, out.detach())
-            for c in calls
-            if c["op"].startswith("reduce_scatter")
-            for out in c["_outputs"]
-            for sent in record["_sent"]
-        )
         calls.append(record)
         same_collective(name)
         same_sizes(name, first, second)
@@ -788,11 +779,13 @@ def zero1_probe(ctx: Context, fn: Any, dtype: torch.dtype) -> list[dict[str, Any
                 "shard grad": seen.get("grad"),
                 "shard grad storage": seen.get("grad storage"),
                 "shard moved": not torch.equal(stepped_shard, shard_before),
-                # an all-gather sent the gradient piece (what the reduce-scatter received, or
-                # shard.grad), not the parameters
-                "sent gradient": any(c.get("sent a scattered piece") for c in calls)
-                or any(
-                    grad is not None and piece.shape == grad.shape and torch.equal(piece, grad)
+                # an all-gather sent the gradient piece (shard.grad's values at the step), not
+                # the parameters. Not compared with a reduce-scatter's output: a right answer
+                # may receive into its slot of the gather buffer and copy the stepped shard there
+                "sent gradient": any(
+                    grad is not None
+                    and piece.shape == grad.shape
+                    and torch.equal(piece.to(grad.dtype), grad)
                     for grad in [seen.get("grad")]
                     for piece in sent
                 ),
