@@ -726,14 +726,13 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
 
     With 16-bit inputs, a plain difference also reminds to compute the tiles in float32,
     unless the watch saw every tile of scores made in float32 or better.
-    Called only once the output or lse failed (verdict): the loose `close` below only picks
+    Called only once the output or lse failed (verdict): the loose `_matches` below only picks
     the hint, so a near miss costs a less precise hint, never a wrong verdict.
     """
     sixteen_bit = qkv[0].dtype.itemsize < 4
     tiles = [p for p in (watch.products if watch else ()) if p.summed == qkv[0].size(-1)]
     tiles16 = sixteen_bit and (not tiles or any(p.dtype.itemsize < 4 for p in tiles))
     out = got.detach().double()
-    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
     want, want_lse = _reference(*qkv, causal)
     if causal:
         for hide, hint in (
@@ -754,19 +753,19 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
                 tr_mark("the mask is one position late: query i saw key i + 1. Hide j > i."),
             ),
         ):
-            if close(out, _reference(*qkv, causal, hide, block)[0]):
+            if _matches(out, _reference(*qkv, causal, hide, block)[0]):
                 return tr(hint)
-    if close(out, _reference(*qkv, causal, "unscaled")[0]):
+    if _matches(out, _reference(*qkv, causal, "unscaled")[0]):
         return tr("the scores are not scaled: multiply q @ k^T by 1 / sqrt(head_dim).")
-    if close(out, _reference(*qkv, causal, "twice")[0]):
+    if _matches(out, _reference(*qkv, causal, "twice")[0]):
         return tr("the scores are scaled twice (by 1 / head_dim): multiply q @ k^T by 1 / sqrt(head_dim) once, either q's tile or the scores, not both.")  # fmt: skip
     head_dim = qkv[0].size(-1)
-    if block != head_dim and close(out, _reference(*qkv, causal, "block", block)[0]):
+    if block != head_dim and _matches(out, _reference(*qkv, causal, "block", block)[0]):
         return tr(
             "the scores are scaled by 1 / sqrt(block), the tile size: multiply q @ k^T by "
             "1 / sqrt(head_dim), q.size(-1) (here {head_dim}, with tiles of {block})."
         ).format(head_dim=head_dim, block=block)
-    if any(close(out, mixed) for mixed in _heads_mixed(*qkv, causal)):
+    if any(_matches(out, mixed) for mixed in _heads_mixed(*qkv, causal)):
         return tr(
             "your output mixes the heads: each head's rows were computed from other heads' "
             "q, k or v, or written to another head's rows. A transpose before a reshape does "
@@ -781,7 +780,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
     late = _late_in_some_tiles(out, qkv, causal, block, verdict.wrong_rows)
     if late:
         return late
-    if not causal and qkv[0].size(-2) % block and close(out, _zero_padded_keys(*qkv, block)):
+    if not causal and qkv[0].size(-2) % block and _matches(out, _zero_padded_keys(*qkv, block)):
         return tr(
             "your output is attention over the keys padded with zeros to a multiple of {block}: "
             "the padded keys were not hidden, and each added exp(0 - m) to l and its zero value "
@@ -789,7 +788,7 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
             "the last key tile be shorter (k[..., ks : ks + block, :] stops at T by itself)."
         ).format(block=block, t=qkv[0].size(-2))
     for rescaled, hint in _RESCALE_MISTAKES.items():
-        if close(out, _tiles_float64(*qkv, causal, block, rescaled)):
+        if _matches(out, _tiles_float64(*qkv, causal, block, rescaled)):
             return tr(hint)
     gap = (out - want).abs().max().item()
     if qkv[0].dtype == torch.float64 and gap <= 2**-16 * want.abs().max().item():
@@ -855,6 +854,11 @@ def _tiles_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return torch.cat(outs, -2)
 
 
+def _matches(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a float64 result is a candidate's, to float32-level rounding: the hints' test (chapter 8)."""
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
 def _heads_mixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> list[torch.Tensor]:  # fmt: skip
     """Outputs of (batch, heads) folded or unfolded through a transpose before a reshape, which mixes heads (chapter 8).
 
@@ -895,9 +899,8 @@ def _lse_hint(got_lse: torch.Tensor, want_lse: torch.Tensor, sixteen_bit: bool) 
                 "you accumulate in, {work}, with no .to(q.dtype) or other cast on the way: backward "
                 "rebuilds each probability as exp(s - lse), and the rounding would go into every one."
             ).format(dtype=str(dtype).removeprefix("torch."), work=str(got_lse.dtype).removeprefix("torch."), gap=off[torch.isfinite(want_lse)].abs().max().item())  # fmt: skip
-    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True)  # noqa: E731
     mine = got_lse.detach().double()
-    if close(mine, want_lse * math.log2(math.e)) and not close(mine, want_lse):
+    if _matches(mine, want_lse * math.log2(math.e)) and not _matches(mine, want_lse):
         return tr(
             "the output is right but the log-sum-exp is in base 2: yours is m + log(l) times "
             "log2(e), about 1.443 times the natural one. Return the natural log, m + log(l): "
