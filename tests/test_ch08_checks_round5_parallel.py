@@ -126,7 +126,7 @@ def hooks_reading_other_gradients_in_flight(model):
             (
                 "[probe: 1 rank] step 1",
                 "p.grad was read while its all-reduce was in flight",
-                "Wait on the work first, then divide",
+                "belongs after work.wait(), in finish()",
             ),
         ),
     ],
@@ -345,3 +345,85 @@ def test_a_type_conversion_in_flight_is_a_read(tmp_path: Path) -> None:
         params[0].grad.type(torch.float64)
         assert calls[0]["read in flight"]
         work.wait()
+
+
+# --- the expert's re-read: a division chained with .then() is done when the chained future is -----
+# work.wait() (or a wait on the future chained from) passed: on gloo the source future's wait()
+# can return before the callback ran, on NCCL the callback runs on a side stream work.wait() does
+# not order the optimizer after. The future .then() returns must be waited for.
+
+
+def hooks_then_divide_waiting_the_work(model):
+    """Wrong: the division chained with .then(); finish() waits the work only."""
+    works = []
+    world = dist.get_world_size()
+
+    def hook(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        work.get_future().then(lambda f, p=p: p.grad.div_(world))
+        works.append(work)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work in works:
+            work.wait()
+        works.clear()
+
+    return finish
+
+
+def hooks_then_divide_waiting_the_source(model):
+    """Wrong: the division chained with .then(); finish() waits the future it was chained from."""
+    futs = []
+    world = dist.get_world_size()
+
+    def hook(p):
+        fut = dist.all_reduce(p.grad, async_op=True).get_future()
+        fut.then(lambda f, p=p: p.grad.div_(world))
+        futs.append(fut)
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        torch.futures.wait_all(futs)
+        futs.clear()
+
+    return finish
+
+
+def hooks_then_divide_collected(model):
+    """Right: the chained futures collected with collect_all, and that waited for."""
+    futs = []
+    world = dist.get_world_size()
+
+    def hook(p):
+        fut = dist.all_reduce(p.grad, async_op=True).get_future()
+        futs.append(fut.then(lambda f, p=p: p.grad.div_(world)))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        torch.futures.collect_all(futs).wait()
+        futs.clear()
+
+    return finish
+
+
+@pytest.mark.parametrize(
+    "wrong", [hooks_then_divide_waiting_the_work, hooks_then_divide_waiting_the_source]
+)
+def test_a_chained_division_not_waited_for_is_named(wrong) -> None:  # noqa: ANN001
+    result = ch08p.check_overlap_hooks(wrong)
+    assert result.status == FAIL, result.message
+    assert "[probe: 1 rank] step 1" in result.message, result.message
+    assert "callback(s) chained with .then() were never waited for" in result.message
+
+
+def test_chained_divisions_waited_through_collect_all_pass(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(ch08p, "launched_worlds", lambda: [])
+    result = ch08p.check_overlap_hooks(hooks_then_divide_collected)
+    assert result.status == PASS, result.message

@@ -80,8 +80,8 @@ def lse_divided_by_ln2(q, k, v, causal=False, block=16):
     ("wrong", "hints"),
     [
         (W_scale_sqrt_block, ("scaled by 1 / sqrt(block)", "1 / sqrt(head_dim)", "here 8")),
-        (W_heads_scrambled, ("mixes the heads", "q.reshape(B * H, T, D)")),
-        (heads_unfolded_through_transpose, ("mixes the heads",)),
+        (W_heads_scrambled, ("mixes heads and positions", "q.reshape(B * H, T, D)")),
+        (heads_unfolded_through_transpose, ("mixes heads and positions",)),
         (W_lse_base2, ("log-sum-exp is in base 2", "by ln(2)")),
         (lse_divided_by_ln2, ("log-sum-exp is in base 2",)),
     ],

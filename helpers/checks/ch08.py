@@ -767,11 +767,12 @@ def _tiled_hint(got: torch.Tensor, got_lse: torch.Tensor, qkv: list[torch.Tensor
         ).format(head_dim=head_dim, block=block)
     if any(_matches(out, mixed) for mixed in _heads_mixed(*qkv, causal)):
         return tr(
-            "your output mixes the heads: each head's rows were computed from other heads' "
-            "q, k or v, or written to another head's rows. A transpose before a reshape does "
-            "that: q.transpose(1, 2).reshape(B * H, T, D) reads (B, T, H, D) as (B * H, T, D). "
-            "Fold (batch, heads) with q.reshape(B * H, T, D) and unfold with out.view(B, H, T, D), "
-            "or keep the 4-D tensors and tile along T (dim -2)."
+            "your output mixes heads and positions: rows were computed from other heads' or "
+            "positions' q, k or v, or written to other rows. q is already (B, H, T, D): "
+            "q.transpose(1, 2).reshape(B * H, T, D) reads its (B, T, H, D) transpose as "
+            "(B * H, T, D). Fold (batch, heads) with q.reshape(B * H, T, D) and unfold with "
+            "out.reshape(B, H, T, D) (and lse.reshape(B, H, T)), or keep the 4-D tensors and "
+            "tile along T (dim -2)."
         )
     if torch.isnan(out).any():
         return tr("your output has NaN: a row whose first key tile is fully hidden gives exp(-inf - (-inf)); with causal tiles of equal size this cannot happen if you mask with global positions (qs + i, ks + j).")  # fmt: skip

@@ -256,22 +256,33 @@ _VALUE = tr_mark(
 )
 _IN_FLIGHT = tr_mark(
     "you changed p.grad while its all-reduce was in flight (after dist.all_reduce(p.grad, "
-    "async_op=True), before its wait): the sum lands in p.grad when the all-reduce completes, "
-    "so a change made before that is mixed into it or lost, depending on timing. Divide after "
-    "wait(), in finish()."
+    "async_op=True), before its wait): the sum lands in p.grad piece by piece while the "
+    "all-reduce travels, so a change made before its wait is mixed into it or lost, depending "
+    "on timing. Divide after wait(), in finish()."
 )
 _READ_IN_FLIGHT = tr_mark(
-    "p.grad was read while its all-reduce was in flight (p.grad / world, p.grad.clone() or "
-    "another read after dist.all_reduce(p.grad, async_op=True), before its wait): the sum lands "
-    "in p.grad while the all-reduce travels, so what you read is this rank's own gradient, the "
-    "sum or a mix of both, depending on timing. Wait on the work first, then divide: "
-    "work.wait(), then p.grad /= world, in finish()."
+    "p.grad was read while its all-reduce was in flight (after dist.all_reduce(p.grad, "
+    "async_op=True), before its wait): the sum lands in p.grad piece by piece while the "
+    "all-reduce travels (on a GPU, in a kernel your read is not ordered with), so what you read "
+    "is this rank's own gradient, a partial sum or the full sum, depending on timing. Any read "
+    "of p.grad (a print, .norm(), .clone(), p.grad / world) belongs after work.wait(), in "
+    "finish()."
 )
 _NO_WAIT = tr_mark(
     "{n} async all-reduce(s) were never waited for: finish() must call work.wait() on every "
     "work the hooks started (or wait on its future: fut.wait(), torch.futures.wait_all), before "
     "dividing; a division chained with .then() alone waits for nothing. Without a wait the "
     "gradient may still be in flight when the optimizer reads it."
+)
+
+
+_THEN_NOT_WAITED = tr_mark(
+    "{n} callback(s) chained with .then() were never waited for: finish() waited on the work, "
+    "or on the future they were chained from, not on the future .then() returned. That wait "
+    "does not wait for the callback: on gloo the future's wait() can return before the callback "
+    "(your division) has run, and on NCCL the callback runs on a side stream the optimizer's "
+    "stream is not made to wait for. Keep the futures .then() returns and wait on them in "
+    "finish() (torch.futures.wait_all(chained)), or divide after work.wait()."
 )
 
 
@@ -296,6 +307,8 @@ def _expect_overlap_calls(step: dict, params: int, at: str) -> None:
     expect(not [c for c in calls if c["value before wait"]], at + tr(_VALUE))
     unwaited = [c for c in calls if c["async"] and not c["waited"]]
     expect(not unwaited, at + tr(_NO_WAIT).format(n=len(unwaited)))
+    chained = [c for c in calls if c.get("then not waited")]
+    expect(not chained, at + tr(_THEN_NOT_WAITED).format(n=len(chained)))
     # a list finish() never clears divides the new gradients while their all-reduces travel,
     # after waiting for the old works: the stale entries, said by the values on the ranks
     in_flight = [c for c in calls if c["written in flight"]]

@@ -138,9 +138,13 @@ class WatchedFuture(torch.futures.Future):
     in recording().
     """
 
-    def __init__(self, source: Any, calls: list[dict], state: dict) -> None:
+    def __init__(self, source: Any, calls: list[dict], state: dict, links: list | None = None) -> None:  # fmt: skip
         super().__init__()
         self.calls, self.state = calls, state
+        # the futures .then() returned that a wait on this one waits for: itself where it is one,
+        # every one given to collect_all; each notes whether it was waited for, or chained on
+        self.links: list[WatchedFuture] = [] if links is None else links
+        self.waited_for, self.chained_on = False, False
 
         def settle(fut: Any) -> None:
             try:
@@ -156,8 +160,15 @@ class WatchedFuture(torch.futures.Future):
             for call in self.calls:
                 waited(call, self.state, done, poll)
 
+    def note_links(self) -> None:
+        """Note a wait on the chained futures this one covers (chapter 8)."""
+        if not getattr(_IN_CALLBACK, "on", False):
+            for link in self.links:
+                link.waited_for = True
+
     def wait(self) -> Any:
         self.note()
+        self.note_links()
         return super().wait()
 
     def value(self) -> Any:
@@ -174,7 +185,15 @@ class WatchedFuture(torch.futures.Future):
         return done
 
     def then(self, callback: Any) -> Any:
-        return WatchedFuture(super().then(in_callback(callback)), self.calls, self.state)
+        # a division chained here is done once the future .then() returns is: on NCCL the
+        # callback runs on a side stream that work.wait() does not order the optimizer after,
+        # and on gloo the source future's wait() may return before the callback has run
+        self.chained_on = True
+        chained = WatchedFuture(super().then(in_callback(callback)), self.calls, self.state)
+        chained.links = [chained]
+        for call in self.calls:
+            call.setdefault("_chained", []).append(chained)
+        return chained
 
     def add_done_callback(self, callback: Any) -> None:
         super().add_done_callback(in_callback(callback))
@@ -277,11 +296,14 @@ def watch_futures(state: dict) -> dict[str, Any]:
         for fut in futures:
             if isinstance(fut, WatchedFuture):
                 fut.note()
+                fut.note_links()
         return real_wait_all(futures)
 
     def collect_all(futures: list) -> Any:
-        calls = [c for f in futures if isinstance(f, WatchedFuture) for c in f.calls]
-        return WatchedFuture(real_collect_all(futures), calls, state)
+        watched = [f for f in futures if isinstance(f, WatchedFuture)]
+        calls = [c for f in watched for c in f.calls]
+        links = [link for f in watched for link in f.links]
+        return WatchedFuture(real_collect_all(futures), calls, state, links)
 
     return {"wait_all": wait_all, "collect_all": collect_all}
 
@@ -488,8 +510,15 @@ def run_backward(loss: torch.Tensor) -> None:
 
 
 def public(call: dict) -> dict:
-    """A recorded call without its tensors and counters, as the results keep it (chapter 8)."""
-    return {k: v for k, v in call.items() if not k.startswith("_")}
+    """A recorded call without its tensors and counters, as the results keep it (chapter 8).
+
+    "then not waited": a future chained on its work with .then(), at the end of its chain,
+    that nobody waited for.
+    """
+    chained = call.get("_chained", [])
+    return {k: v for k, v in call.items() if not k.startswith("_")} | {
+        "then not waited": any(not f.waited_for and not f.chained_on for f in chained)
+    }
 
 
 @contextlib.contextmanager
